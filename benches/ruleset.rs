@@ -1,0 +1,2 @@
+//! Benchmarks of the pure ruleset pipeline.
+fn main() {}

@@ -1,0 +1,1 @@
+//! Conversion from Kubernetes API objects to the model, with validation.

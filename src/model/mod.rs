@@ -1,0 +1,323 @@
+//! The validated cluster model: what the proxy needs to know about Services, endpoints and its Node.
+//!
+//! Nothing below this module knows Kubernetes API types; `convert` is the one place that reads
+//! them, validates them and turns invalid objects into [`Rejected`] reports.
+
+pub mod convert;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+/// An IP family. Each family gets its own nftables table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub const ALL: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+    pub fn of(addr: &IpAddr) -> IpFamily {
+        match addr {
+            IpAddr::V4(_) => IpFamily::V4,
+            IpAddr::V6(_) => IpFamily::V6,
+        }
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        })
+    }
+}
+
+/// A transport protocol a Service port can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// The IANA protocol number, as `meta l4proto` sees it.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
+    /// The nft keyword (`tcp`, `udp`, `sctp`).
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.keyword())
+    }
+}
+
+/// `namespace/name` of a Service.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One port of one Service: `ns/name:portname` (kube-proxy's `ServicePortName`). The port
+/// name is empty for single-port Services, which then display as `ns/name` plus the protocol
+/// and number to stay unambiguous.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServicePortName {
+    pub service: ServiceName,
+    pub port: String,
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port.is_empty() {
+            write!(f, "{}:{}", self.service, self.protocol)
+        } else {
+            write!(f, "{}:{}", self.service, self.port)
+        }
+    }
+}
+
+/// Traffic policy (`externalTrafficPolicy` / `internalTrafficPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+/// A Service port as the proxy needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    /// The port's name in the Service spec ("" when unnamed).
+    pub name: String,
+    pub protocol: Protocol,
+    /// The port the Service listens on (on its ClusterIPs, external IPs and LB IPs).
+    pub port: u16,
+    /// Allocated NodePort, if any.
+    pub node_port: Option<u16>,
+}
+
+/// A Service that the proxy implements (not headless, not ExternalName, not owned by another
+/// proxy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub name: ServiceName,
+    /// `spec.clusterIPs` (or `spec.clusterIP`), at most one per family, in spec order.
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip` entries in VIP mode (hostname-only and `ipMode:
+    /// Proxy` entries are dropped at conversion).
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_source_ranges: Vec<ipnet::IpNet>,
+    pub external_traffic_policy: TrafficPolicy,
+    pub internal_traffic_policy: TrafficPolicy,
+    /// `spec.healthCheckNodePort`.
+    pub health_check_node_port: Option<u16>,
+    /// `ClientIP` session affinity timeout in seconds; `None` when affinity is off.
+    pub session_affinity_timeout: Option<u32>,
+}
+
+impl Service {
+    pub fn port_name(&self, port: &ServicePort) -> ServicePortName {
+        ServicePortName {
+            service: self.name.clone(),
+            port: port.name.clone(),
+            protocol: port.protocol,
+        }
+    }
+
+    /// The ClusterIP of `family`, if the Service has one.
+    pub fn cluster_ip(&self, family: IpFamily) -> Option<IpAddr> {
+        self.cluster_ips
+            .iter()
+            .copied()
+            .find(|ip| IpFamily::of(ip) == family)
+    }
+}
+
+/// Endpoint readiness as EndpointSlice conditions report it, with nil already resolved the way
+/// kube-proxy resolves it (ready/serving nil → true, terminating nil → false).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conditions {
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+/// One endpoint of one Service port (an address from an EndpointSlice and the port number
+/// matched by name and protocol).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub conditions: Conditions,
+    /// `endpoint.nodeName`, if set.
+    pub node_name: Option<String>,
+    /// `endpoint.zone`, if set.
+    pub zone: Option<String>,
+    /// `hints.forZones[].name`.
+    pub zone_hints: Vec<String>,
+    /// `hints.forNodes[].name`.
+    pub node_hints: Vec<String>,
+}
+
+/// An EndpointSlice reduced to what the proxy uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSlice {
+    /// `namespace/name` of the slice itself.
+    pub name: ServiceName,
+    /// The Service it belongs to (label `kubernetes.io/service-name`).
+    pub service: ServiceName,
+    pub family: IpFamily,
+    /// Ports of the slice: (name, protocol, port number).
+    pub ports: Vec<SlicePort>,
+    /// Endpoints; only `addresses[0]` of each API endpoint is kept, like kube-proxy.
+    pub endpoints: Vec<SliceEndpoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub addr: IpAddr,
+    pub conditions: Conditions,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub zone_hints: Vec<String>,
+    pub node_hints: Vec<String>,
+}
+
+/// The proxy's own Node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Node {
+    pub name: String,
+    /// `status.addresses` of type InternalIP, in order.
+    pub internal_ips: Vec<IpAddr>,
+    /// `status.addresses` of type ExternalIP, in order.
+    pub external_ips: Vec<IpAddr>,
+    /// `spec.podCIDRs` (or `spec.podCIDR`).
+    pub pod_cidrs: Vec<ipnet::IpNet>,
+    /// Label `topology.kubernetes.io/zone`.
+    pub zone: Option<String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Taint `ToBeDeletedByClusterAutoscaler` is present.
+    pub to_be_deleted: bool,
+}
+
+impl Node {
+    /// The node's primary IP of `family`: its first InternalIP of that family (kube-proxy's
+    /// `primary` NodePort address).
+    pub fn primary_ip(&self, family: IpFamily) -> Option<IpAddr> {
+        self.internal_ips
+            .iter()
+            .copied()
+            .find(|ip| IpFamily::of(ip) == family)
+    }
+}
+
+/// Everything the ruleset is built from. Keyed maps keep iteration deterministic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterState {
+    pub services: BTreeMap<ServiceName, Service>,
+    /// EndpointSlices keyed by their own `namespace/name`.
+    pub slices: BTreeMap<ServiceName, EndpointSlice>,
+    /// Nodes by name (the proxy uses only its own).
+    pub nodes: BTreeMap<String, Node>,
+}
+
+/// An API object that failed validation: it does not exist downstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// `Service ns/name`, `EndpointSlice ns/name`, `Node name`, or the kind and index for an
+    /// object without a readable name.
+    pub object: String,
+    /// The field path, e.g. `spec.ports[1].port`.
+    pub field: String,
+    /// The offending value as written.
+    pub value: String,
+    /// Why it is invalid, and what would be valid.
+    pub reason: String,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} = {:?}: {}",
+            self.object, self.field, self.value, self.reason
+        )
+    }
+}
+
+/// The endpoints of every Service port, merged across slices and de-duplicated, in kube-proxy's
+/// order (sorted by `ip:port`).
+pub fn endpoints_for(state: &ClusterState, svc: &Service, port: &ServicePort) -> Vec<Endpoint> {
+    let mut by_addr: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
+    for slice in state.slices.values().filter(|s| s.service == svc.name) {
+        let Some(sp) = slice
+            .ports
+            .iter()
+            .find(|p| p.name == port.name && p.protocol == port.protocol)
+        else {
+            continue;
+        };
+        for ep in &slice.endpoints {
+            let candidate = Endpoint {
+                addr: ep.addr,
+                port: sp.port,
+                conditions: ep.conditions,
+                node_name: ep.node_name.clone(),
+                zone: ep.zone.clone(),
+                zone_hints: ep.zone_hints.clone(),
+                node_hints: ep.node_hints.clone(),
+            };
+            // The same address can appear in two slices while the controller moves it; prefer
+            // the copy that is not terminating, as kube-proxy's EndpointSliceCache does.
+            match by_addr.get(&(ep.addr, sp.port)) {
+                Some(existing)
+                    if !existing.conditions.terminating || candidate.conditions.terminating => {}
+                _ => {
+                    by_addr.insert((ep.addr, sp.port), candidate);
+                }
+            }
+        }
+    }
+    by_addr.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests;

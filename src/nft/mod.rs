@@ -1,0 +1,1 @@
+//! The kernel side: lowering the ruleset to netlink, applying, reading back.

@@ -1,0 +1,216 @@
+//! The desired nftables state as an owned, comparable description: tables, chains, sets, maps,
+//! elements and rules made of typed statements. No netlink and no Kubernetes types live here.
+//!
+//! `build` computes it from the cluster model, `render` prints it as nft text, and `nft::wire`
+//! lowers it to kernel objects.
+
+pub mod build;
+pub mod names;
+pub mod render;
+
+use std::net::IpAddr;
+
+use crate::model::{IpFamily, Protocol, ServicePortName};
+
+pub use build::build;
+
+/// Everything nodeproxy programs: one table per IP family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ruleset {
+    pub tables: Vec<Table>,
+}
+
+impl Ruleset {
+    pub fn table(&self, family: IpFamily) -> Option<&Table> {
+        self.tables.iter().find(|t| t.family == family)
+    }
+}
+
+/// A table of one family (`ip` or `ip6`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub family: IpFamily,
+    pub name: String,
+    pub comment: String,
+    /// Sets and maps, in the order they are rendered and created.
+    pub sets: Vec<Set>,
+    /// Chains, in the order they are rendered and created.
+    pub chains: Vec<Chain>,
+}
+
+impl Table {
+    pub fn set(&self, name: &str) -> Option<&Set> {
+        self.sets.iter().find(|s| s.name == name)
+    }
+
+    pub fn chain(&self, name: &str) -> Option<&Chain> {
+        self.chains.iter().find(|c| c.name == name)
+    }
+}
+
+/// A chain; a base chain when `base` is set (always with policy accept: nodeproxy never decides
+/// for a host firewall).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub name: String,
+    pub comment: String,
+    pub base: Option<BaseChain>,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseChain {
+    pub kind: ChainType,
+    pub hook: Hook,
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainType {
+    Filter,
+    Nat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+/// A rule: statements evaluated left to right, as in nft syntax.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub stmts: Vec<Stmt>,
+}
+
+impl Rule {
+    pub fn new(stmts: Vec<Stmt>) -> Rule {
+        Rule { stmts }
+    }
+}
+
+/// Which address of the packet a match or key field reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AddrField {
+    Saddr,
+    Daddr,
+}
+
+/// One field of a lookup key (or of a set's `typeof`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KeyField {
+    /// `ip saddr` / `ip6 saddr`
+    Saddr,
+    /// `ip daddr` / `ip6 daddr`
+    Daddr,
+    /// `meta l4proto`
+    L4Proto,
+    /// `th dport` (transport destination port, for TCP, UDP and SCTP alike)
+    ThDport,
+    /// `numgen random mod N`: a uniformly random slot in `0..N`.
+    Numgen { modulus: u32 },
+}
+
+/// One statement of a rule: a match that may end evaluation of the rule, or an action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stmt {
+    /// `ct state new`
+    CtStateNew,
+    /// `ct status dnat`
+    CtStatusDnat,
+    /// `ip saddr 10.0.0.0/8`, or with `!=` when `negate`.
+    AddrMatch {
+        field: AddrField,
+        negate: bool,
+        net: ipnet::IpNet,
+    },
+    /// `<key> @set`: matches when the key is in the set.
+    InSet {
+        key: Vec<KeyField>,
+        set: String,
+    },
+    /// `<key> vmap @map`: the verdict of the matching element, if any.
+    Vmap {
+        key: Vec<KeyField>,
+        map: String,
+    },
+    /// `meta mark & <mask> != 0`
+    MarkTest {
+        mask: u32,
+    },
+    /// `meta mark set meta mark | <bits>`
+    MarkOr(u32),
+    /// `meta mark set meta mark ^ <bits>`
+    MarkXor(u32),
+    /// `dnat ip to <key> map @map`: the map yields `address . port`.
+    DnatMap {
+        key: Vec<KeyField>,
+        map: String,
+    },
+    /// `masquerade fully-random` (or plain `masquerade`).
+    Masquerade {
+        fully_random: bool,
+    },
+    /// `reject`: ICMP port unreachable (ICMPv6 in `ip6`).
+    Reject,
+    Verdict(Verdict),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Jump(String),
+    Goto(String),
+}
+
+/// A named set, or a map when `data` is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Set {
+    pub name: String,
+    pub comment: String,
+    /// The key's fields, in order. Rendered as `type` (datatypes) unless `typeof_` is set.
+    pub key: Vec<KeyField>,
+    pub data: Option<SetData>,
+    /// Declare key and data with `typeof` expressions. Needed when the key holds a field with
+    /// no named datatype of fixed size (`numgen`).
+    pub typeof_: bool,
+    /// Elements, sorted by key.
+    pub elements: Vec<Element>,
+}
+
+/// What a map's elements map to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetData {
+    Verdict,
+    /// A concatenation of values of these fields' types (e.g. `ip daddr . th dport`).
+    Value(Vec<KeyField>),
+}
+
+/// One value of a key or data concatenation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Atom {
+    Addr(IpAddr),
+    Proto(Protocol),
+    Port(u16),
+    Int(u32),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ElemData {
+    Verdict(Verdict),
+    Value(Vec<Atom>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    pub key: Vec<Atom>,
+    pub data: Option<ElemData>,
+    /// Rendered as the element's nft comment (the Service port it serves).
+    pub comment: Option<String>,
+    /// The Service port this element was built for, for error reports. Not programmed.
+    pub origin: Option<ServicePortName>,
+}

@@ -1,0 +1,1 @@
+//! Names of every kernel object nodeproxy creates.

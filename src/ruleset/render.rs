@@ -1,0 +1,1 @@
+//! Rendering of the ruleset as nft text.

@@ -1,0 +1,1 @@
+//! Where cluster objects come from.
