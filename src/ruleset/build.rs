@@ -593,7 +593,10 @@ pub fn diagnostics(state: &ClusterState, settings: &Settings) -> Vec<String> {
         for port in &svc.ports {
             let name = svc.port_name(port);
             for ip in &svc.cluster_ips {
-                if let Some(first) = seen.insert((*ip, port.port, port.protocol), name.clone()) {
+                let first = seen
+                    .entry((*ip, port.port, port.protocol))
+                    .or_insert(name.clone());
+                if *first != name {
                     out.push(format!(
                         "{name} and {first} both claim {ip} port {}/{}; {first} keeps it",
                         port.port, port.protocol
@@ -601,7 +604,10 @@ pub fn diagnostics(state: &ClusterState, settings: &Settings) -> Vec<String> {
                 }
             }
             if let Some(np) = port.node_port {
-                if let Some(first) = node_ports.insert((np, port.protocol), name.clone()) {
+                let first = node_ports
+                    .entry((np, port.protocol))
+                    .or_insert(name.clone());
+                if *first != name {
                     out.push(format!(
                         "{name} and {first} both claim NodePort {np}/{}; {first} keeps it",
                         port.protocol
