@@ -1,0 +1,1 @@
+//! Unit tests of lowering, diff and the fake kernel.
