@@ -61,6 +61,7 @@ const SET_KEY_LEN: u16 = 5;
 const SET_DATA_TYPE: u16 = 6;
 const SET_DATA_LEN: u16 = 7;
 const SET_USERDATA: u16 = 13;
+const SET_ID: u16 = 10;
 const ELEM_LIST_TABLE: u16 = 1;
 const ELEM_LIST_SET: u16 = 2;
 const ELEM_LIST_ELEMENTS: u16 = 3;
@@ -319,6 +320,9 @@ fn encode_op(
             );
             put_str(buf, SET_TABLE, table);
             put_str(buf, SET_NAME, name);
+            // NFTA_SET_ID is mandatory (the kernel returns EINVAL without it); it only needs
+            // to be unique within the batch, and we reference sets by name.
+            put_u32_be(buf, SET_ID, seq);
             put_u32_be(buf, SET_FLAGS, set.flags);
             put_u32_be(buf, SET_KEY_TYPE, set.key_type);
             put_u32_be(buf, SET_KEY_LEN, set.key_len);

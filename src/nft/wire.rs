@@ -337,9 +337,9 @@ const NF_NAT_RANGE_MAP_IPS: u32 = 0x1;
 const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 0x2;
 const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
 const NFT_REJECT_ICMP_UNREACH: u32 = 0;
-/// ICMP_PORT_UNREACH (3) and ICMPV6_PORT_UNREACH (4).
-const ICMP_PORT_UNREACH: u32 = 3;
-const ICMPV6_PORT_UNREACH: u32 = 4;
+/// ICMP_PORT_UNREACH (3) and ICMPV6_PORT_UNREACH (4); NFTA_REJECT_ICMP_CODE is a u8 attribute.
+const ICMP_PORT_UNREACH: u8 = 3;
+const ICMPV6_PORT_UNREACH: u8 = 4;
 /// `ct state new` bit and `IPS_DST_NAT`.
 const CT_STATE_NEW: u32 = 0x8;
 const IPS_DST_NAT: u32 = 0x20;
@@ -711,7 +711,7 @@ fn lower_stmt(
                 "reject",
                 vec![
                     (REJECT_TYPE, be(NFT_REJECT_ICMP_UNREACH)),
-                    (REJECT_ICMP_CODE, be(code)),
+                    (REJECT_ICMP_CODE, vec![code]),
                 ],
             ));
         }
