@@ -166,12 +166,21 @@ pub fn set_udata(family: IpFamily, set: &Set) -> Vec<u8> {
     }
     if set.typeof_ {
         tlv(&mut out, SET_KEY_TYPEOF, &typeof_of(family, &set.key));
-        if let Some(SetData::Value(fields)) = &set.data {
-            tlv(&mut out, SET_DATA_TYPEOF, &typeof_of(family, fields));
-            tlv_u32(&mut out, SET_DATA_INTERVAL, 0);
-        }
     } else if set.key.len() > 1 {
         tlv(&mut out, SET_KEY_TYPEOF, &empty_concat());
+    }
+    // Value maps also carry the data's typeof (an empty concat for a concatenated `type`, as
+    // for keys), and every map DATA_INTERVAL = 0 (nft 1.0.6, checked by the kernel tests
+    // against maps nft itself created).
+    if let Some(SetData::Value(fields)) = &set.data {
+        if set.typeof_ {
+            tlv(&mut out, SET_DATA_TYPEOF, &typeof_of(family, fields));
+        } else if fields.len() > 1 {
+            tlv(&mut out, SET_DATA_TYPEOF, &empty_concat());
+        }
+    }
+    if set.data.is_some() {
+        tlv_u32(&mut out, SET_DATA_INTERVAL, 0);
     }
     if !set.comment.is_empty() {
         tlv(&mut out, SET_COMMENT, &comment_bytes(&set.comment));

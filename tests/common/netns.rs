@@ -23,9 +23,15 @@ pub fn in_netns<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R 
 
 /// Runs `nft` with arguments in the current thread's namespace; panics on failure.
 pub fn nft(args: &[&str]) -> String {
-    let out = Command::new("nft").args(args).output().unwrap_or_else(|e| panic!("run nft: {e}"));
+    let out = Command::new("nft")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run nft: {e}"));
     if !out.status.success() {
-        panic!("nft {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        panic!(
+            "nft {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -40,8 +46,13 @@ pub fn nft_load(text: &str) {
         .spawn()
         .unwrap_or_else(|e| panic!("run nft: {e}"));
     child.stdin.take().map(|mut s| s.write_all(text.as_bytes()));
-    let out = child.wait_with_output().unwrap_or_else(|e| panic!("wait nft: {e}"));
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("wait nft: {e}"));
     if !out.status.success() {
-        panic!("nft -f failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+        panic!(
+            "nft -f failed: {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
