@@ -133,10 +133,10 @@ fn chain_refs_of_table(t: &WireTable) -> BTreeSet<String> {
     for s in t.sets.values() {
         if s.data_type == Some(super::wire::DATA_TYPE_VERDICT) {
             for e in s.elements.values() {
-                if let Some(c) = e.data.as_ref().and_then(|d| d.chain()) {
-                    if !refs.contains(c) {
-                        refs.insert(c.to_owned());
-                    }
+                if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
+                    && !refs.contains(c)
+                {
+                    refs.insert(c.to_owned());
                 }
             }
         }

@@ -171,10 +171,10 @@ fn apply_op(
                 if s.elements.contains_key(*k) {
                     return Err((EEXIST, object));
                 }
-                if let Some(c) = e.data.as_ref().and_then(|d| d.chain()) {
-                    if !chains.iter().any(|x| x == c) {
-                        return Err((ENOENT, object));
-                    }
+                if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
+                    && !chains.iter().any(|x| x == c)
+                {
+                    return Err((ENOENT, object));
                 }
                 s.elements.insert((*k).into(), (*e).clone());
             }

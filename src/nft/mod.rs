@@ -83,7 +83,7 @@ pub enum NftError {
     Invalid {
         object: String,
         reason: String,
-        origin: Option<ServicePortName>,
+        origin: Option<Box<ServicePortName>>,
     },
     #[error("unexpected netlink data: {0}")]
     Protocol(String),

@@ -892,12 +892,12 @@ fn parse_expr(e: &[u8]) -> WireExpr {
     // Data nests: normalize to the form the kernel dumps (verdict nest without NLA_F_NESTED),
     // which is also the form lowering produces.
     for (t, v) in attrs.iter_mut() {
-        if WireExpr::is_nested(&name, *t) {
-            if let Some(d) = wire::parse_data(v) {
-                let mut n = Vec::new();
-                wire::encode_data(&d, &mut n);
-                *v = n;
-            }
+        if WireExpr::is_nested(&name, *t)
+            && let Some(d) = wire::parse_data(v)
+        {
+            let mut n = Vec::new();
+            wire::encode_data(&d, &mut n);
+            *v = n;
         }
     }
     WireExpr::new(&name, attrs)

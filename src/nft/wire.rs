@@ -352,7 +352,7 @@ fn be(v: u32) -> Vec<u8> {
 /// starts a 16-byte register is reported as that register (NFT_REG_1..4), others as
 /// NFT_REG32_xx. `word` counts 32-bit words from the start of NFT_REG_1.
 fn reg(word: u32) -> u32 {
-    if word % 4 == 0 {
+    if word.is_multiple_of(4) {
         1 + word / 4
     } else {
         8 + word
@@ -601,7 +601,7 @@ fn prefix_match(
     let plen = net.prefix_len() as usize;
     let op = if negate { NFT_CMP_NEQ } else { NFT_CMP_EQ };
     let off = addr_offset(family, field);
-    if plen % 8 == 0 && plen > 0 {
+    if plen.is_multiple_of(8) && plen > 0 {
         let n = plen / 8;
         vec![
             payload(1, NFT_PAYLOAD_NETWORK_HEADER, off, n as u32),
@@ -828,7 +828,7 @@ fn lower_set(
         let bad = |reason: String| NftError::Invalid {
             object: format!("element {:?} in {}", e.key, obj()),
             reason,
-            origin: e.origin.clone(),
+            origin: e.origin.clone().map(Box::new),
         };
         let key = encode_atoms(family, &set.key, &e.key).map_err(bad)?;
         let data = match (&set.data, &e.data) {
