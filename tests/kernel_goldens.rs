@@ -6,6 +6,9 @@
 //! else — chains, rules, set types, comments, element keys, data and comments — must match to
 //! the byte.
 
+// Tests fail by panicking; that is their job.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::path::{Path, PathBuf};
