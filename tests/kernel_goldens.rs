@@ -63,12 +63,12 @@ fn listed() -> String {
 fn normalise(text: &str) -> String {
     let mut lines: Vec<String> = Vec::new();
     for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("\t\t\t     ") {
-            if let Some(last) = lines.last_mut() {
-                last.push(' ');
-                last.push_str(rest);
-                continue;
-            }
+        if let Some(rest) = line.strip_prefix("\t\t\t     ")
+            && let Some(last) = lines.last_mut()
+        {
+            last.push(' ');
+            last.push_str(rest);
+            continue;
         }
         lines.push(line.to_string());
     }
