@@ -86,7 +86,12 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
         }
         Mode::DryRun | Mode::Once => {
             let (state, settings) = desired_inputs(config)?;
+            let started = std::time::Instant::now();
             let desired = ruleset::build(&state, &settings);
+            tracing::debug!(
+                "built the ruleset in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
             if loaded.mode == Mode::DryRun {
                 let mut out = std::io::stdout().lock();
                 writeln!(
@@ -119,7 +124,17 @@ fn desired_inputs(config: &config::Config) -> anyhow::Result<(ClusterState, Sett
         ))
         .into());
     }
+    let started = std::time::Instant::now();
     let loaded = source::file::load_files(&config.from_file).map_err(|e| UsageError(e.into()))?;
+    tracing::info!(
+        "read {} service(s), {} endpoint slice(s), {} node(s) in {:.1} ms ({} rejected, {} ignored)",
+        loaded.state.services.len(),
+        loaded.state.slices.len(),
+        loaded.state.nodes.len(),
+        started.elapsed().as_secs_f64() * 1e3,
+        loaded.rejected.len(),
+        loaded.ignored.len()
+    );
     for rejected in &loaded.rejected {
         tracing::warn!("skipped invalid object: {rejected}");
     }
