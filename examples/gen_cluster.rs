@@ -5,6 +5,10 @@
 //! [--add-service] > cluster.json`. `--change-endpoint` replaces the first endpoint of service 0;
 //! `--add-service` adds service N. Every fourth service also gets a NodePort. No traffic is ever
 //! sent to these addresses: they only size the ruleset.
+//!
+//! Endpoints are spread over 1000 nodes: kubelet runs at most 110 pods per node by default, so
+//! 100k endpoints need at least 910 nodes. The proxy's own node (`node-a`) therefore hosts about
+//! 0.1% of them, which is what sizes its hairpin set.
 
 use std::io::Write;
 
@@ -56,7 +60,12 @@ fn main() -> std::io::Result<()> {
             if change_endpoint && s == 0 && e == 0 {
                 n = 0x0AFF_FFFE;
             }
-            let node = if e % 2 == 0 { "node-a" } else { "node-b" };
+            let slot = s * endpoints + e;
+            let node = if slot % 1000 == 0 {
+                "node-a".to_string()
+            } else {
+                format!("node-{}", slot % 1000)
+            };
             eps.push(format!(
                 "{{\"addresses\":[\"{}\"],\"conditions\":{{\"ready\":true}},\"nodeName\":\"{node}\"}}",
                 std::net::Ipv4Addr::from(n)

@@ -46,14 +46,14 @@ fn sample_round_trips_and_lists_as_nft_prints_it() {
     in_netns(|| {
         let mut k = NetlinkKernel::new().unwrap();
         let rs = ruleset();
-        let rep = nft::sync(&mut k, &rs).unwrap();
+        let rep = nft::sync(&mut k, rs.clone()).unwrap();
         assert_eq!(rep.tables, 2);
         assert!(rep.elements_added > 20, "{rep:?}");
         assert_kernel_holds(&mut k, &rs);
         assert_eq!(list("ip"), EXPECTED_IP);
         assert_eq!(list("ip6"), EXPECTED_IP6);
         // Re-applying the same state sends nothing.
-        let again = nft::sync(&mut k, &rs).unwrap();
+        let again = nft::sync(&mut k, rs.clone()).unwrap();
         assert_eq!(again.empty_plans, 2, "{again:?}");
         assert_eq!(again.messages, 0);
     });
@@ -68,7 +68,7 @@ fn nft_loaded_text_reads_back_as_lowered() {
         nft_load(EXPECTED_IP6);
         let mut k = NetlinkKernel::new().unwrap();
         assert_kernel_holds(&mut k, &ruleset());
-        assert_eq!(nft::sync(&mut k, &ruleset()).unwrap().messages, 0);
+        assert_eq!(nft::sync(&mut k, ruleset()).unwrap().messages, 0);
     });
 }
 
@@ -76,7 +76,7 @@ fn nft_loaded_text_reads_back_as_lowered() {
 fn converges_and_removes_foreign_objects() {
     in_netns(|| {
         let mut k = NetlinkKernel::new().unwrap();
-        nft::sync(&mut k, &ruleset()).unwrap();
+        nft::sync(&mut k, ruleset()).unwrap();
         // Someone else adds objects to our table.
         nft(&["add", "chain", "ip", "nodeproxy", "foreign"]);
         nft(&[
@@ -133,7 +133,7 @@ fn converges_and_removes_foreign_objects() {
             .unwrap();
         masq.rules.pop();
 
-        let rep = nft::sync(&mut k, &rs).unwrap();
+        let rep = nft::sync(&mut k, rs.clone()).unwrap();
         assert!(rep.elements_removed >= 4, "{rep:?}");
         assert_kernel_holds(&mut k, &rs);
         let text = list("ip");
@@ -148,7 +148,7 @@ fn converges_and_removes_foreign_objects() {
             assert!(!text.contains(gone), "{gone} left over:\n{text}");
         }
         assert!(text.contains("10.244.3.7 . 53"), "{text}");
-        assert_eq!(nft::sync(&mut k, &rs).unwrap().messages, 0);
+        assert_eq!(nft::sync(&mut k, rs.clone()).unwrap().messages, 0);
     });
 }
 
@@ -157,7 +157,7 @@ fn poison_transaction_is_rejected_naming_the_service() {
     in_netns(|| {
         let mut k = NetlinkKernel::new().unwrap();
         let rs = ruleset();
-        nft::sync(&mut k, &rs).unwrap();
+        nft::sync(&mut k, rs.clone()).unwrap();
         let before = list("ip");
 
         let current = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
@@ -214,7 +214,7 @@ fn poison_transaction_is_rejected_naming_the_service() {
 fn delete_tables_removes_only_ours() {
     in_netns(|| {
         let mut k = NetlinkKernel::new().unwrap();
-        nft::sync(&mut k, &ruleset()).unwrap();
+        nft::sync(&mut k, ruleset()).unwrap();
         nft(&["add", "table", "inet", "other"]);
         nft(&["add", "table", "ip", "nodeproxy-not"]);
         assert_eq!(k.delete_tables("nodeproxy").unwrap(), 2);
@@ -248,7 +248,7 @@ fn large_table_builds_and_loads_fast() {
                 eps.elements.push(e);
             }
         }
-        let rep = nft::sync(&mut k, &rs).unwrap();
+        let rep = nft::sync(&mut k, rs.clone()).unwrap();
         eprintln!("100k elements: {rep:?}");
         let got = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
         assert_eq!(got.sets["eps-k2"].elements.len(), 100_000);
@@ -263,7 +263,7 @@ fn large_table_builds_and_loads_fast() {
             Atom::Addr("10.1.1.1".parse().unwrap()),
             Atom::Port(1),
         ]));
-        let rep2 = nft::sync(&mut k, &rs2).unwrap();
+        let rep2 = nft::sync(&mut k, rs2.clone()).unwrap();
         eprintln!("1 change: {rep2:?}");
         assert_eq!((rep2.elements_added, rep2.elements_removed), (1, 1));
     });

@@ -22,6 +22,7 @@ pub use fake::FakeKernel;
 pub use netlink::NetlinkKernel;
 pub use wire::{
     WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable, lower,
+    lower_owned,
 };
 
 use crate::model::{IpFamily, ServicePortName};
@@ -164,14 +165,15 @@ impl fmt::Display for SyncReport {
 }
 
 /// Brings every table of `desired` into the kernel: read back, diff, apply.
-pub fn sync(kernel: &mut impl Kernel, desired: &Ruleset) -> Result<SyncReport, NftError> {
+pub fn sync(kernel: &mut impl Kernel, desired: Ruleset) -> Result<SyncReport, NftError> {
     let mut rep = SyncReport::default();
-    for table in &desired.tables {
+    for table in desired.tables {
+        let (family, name) = (table.family, table.name.clone());
         let t = Instant::now();
-        let want = lower(table)?;
+        let want = lower_owned(table)?;
         rep.lower += t.elapsed();
         let t = Instant::now();
-        let have = kernel.read_table(table.family, &table.name)?;
+        let have = kernel.read_table(family, &name)?;
         rep.read += t.elapsed();
         let t = Instant::now();
         let plan = diff(have.as_ref(), &want);

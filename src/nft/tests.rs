@@ -78,7 +78,7 @@ fn table(elems: Vec<Element>, extra_chain: bool) -> Table {
 fn converge(k: &mut FakeKernel, t: &Table) -> SyncReport {
     sync(
         k,
-        &Ruleset {
+        Ruleset {
             tables: vec![t.clone()],
         },
     )

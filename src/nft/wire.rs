@@ -4,6 +4,7 @@
 //! as bytes, element keys as the concatenated, padded key bytes), so the diff compares what was
 //! read from the kernel with what we want in one representation and cannot drift from it.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -14,7 +15,7 @@ use super::msg::{NLA_F_NESTED, put_attr, put_str, put_u32_be};
 use super::udata;
 use crate::model::{IpFamily, ServicePortName};
 use crate::ruleset::{
-    AddrField, Atom, BaseChain, ChainType, ElemData, Hook, KeyField, Rule, Set, SetData, Stmt,
+    AddrField, Atom, BaseChain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set, SetData, Stmt,
     Table, Verdict,
 };
 
@@ -802,10 +803,14 @@ fn encode_atoms(
     Ok(out.into_boxed_slice())
 }
 
-fn lower_set(
+/// Lowers a set's definition and `elements` (the set's own, borrowed or moved out of it: when
+/// moved, each IR element is freed as soon as it is encoded, which keeps the peak memory of a
+/// 10k-service sync at one copy of the elements instead of two).
+fn lower_set<E: Borrow<Element>>(
     family: IpFamily,
     table_desc: &str,
     set: &Set,
+    elements: impl IntoIterator<Item = E>,
     chains: &mut HashMap<String, Arc<str>>,
 ) -> Result<WireSet, NftError> {
     let obj = || {
@@ -824,9 +829,10 @@ fn lower_set(
             (SET_F_MAP, Some(t), Some(l))
         }
     };
-    let mut elements = BTreeMap::new();
+    let mut wire_elements = BTreeMap::new();
     let mut comments: HashMap<Arc<str>, Arc<[u8]>> = HashMap::new();
-    for e in &set.elements {
+    for e in elements {
+        let e = e.borrow();
         let bad = |reason: String| NftError::Invalid {
             object: format!("element {:?} in {}", e.key, obj()),
             reason,
@@ -861,7 +867,7 @@ fn lower_set(
             userdata,
             origin: e.origin.clone(),
         };
-        if elements.insert(key, elem).is_some() {
+        if wire_elements.insert(key, elem).is_some() {
             return Err(bad("duplicate key".into()));
         }
     }
@@ -872,7 +878,7 @@ fn lower_set(
         data_type,
         data_len,
         userdata: udata::set_udata(family, set),
-        elements,
+        elements: wire_elements,
     })
 }
 
@@ -887,13 +893,35 @@ fn lower_rule(family: IpFamily, table: &Table, rule: &Rule) -> Result<WireRule, 
 /// Lowers one table of the IR to its wire form. Pure; fails only on an IR that cannot be
 /// expressed (a key that does not match its set, a reference to a missing set).
 pub fn lower(table: &Table) -> Result<WireTable, NftError> {
+    let mut next = 0;
+    lower_impl(table, |_| {
+        next += 1;
+        table.sets.get(next - 1).into_iter().flat_map(|s| s.elements.iter())
+    })
+}
+
+/// Like [`lower`], but consumes the table and frees its elements as they are encoded.
+pub fn lower_owned(mut table: Table) -> Result<WireTable, NftError> {
+    let mut element_lists: Vec<Vec<Element>> = table
+        .sets
+        .iter_mut()
+        .map(|s| std::mem::take(&mut s.elements))
+        .collect();
+    element_lists.reverse();
+    lower_impl(&table, |_| element_lists.pop().unwrap_or_default())
+}
+
+fn lower_impl<E: Borrow<Element>, I: IntoIterator<Item = E>>(
+    table: &Table,
+    mut elements_of: impl FnMut(&Set) -> I,
+) -> Result<WireTable, NftError> {
     let family = table.family;
     let mut w = WireTable::new(family, &table.name);
     let desc = w.describe();
     w.userdata = udata::comment(&table.comment);
     let mut chain_names: HashMap<String, Arc<str>> = HashMap::new();
     for set in &table.sets {
-        let ws = lower_set(family, &desc, set, &mut chain_names)?;
+        let ws = lower_set(family, &desc, set, elements_of(set), &mut chain_names)?;
         w.add_set(&set.name, ws);
     }
     for c in &table.chains {
