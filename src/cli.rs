@@ -1,1 +1,205 @@
-//! Command-line definition (clap).
+//! Command-line definition (clap): the mode flags and the kube-proxy-named options.
+//!
+//! Values are taken as plain strings here and validated in `config`, so a bad value reads the
+//! same whether it came from a flag, the environment or the config file (each error names the
+//! field, the value and where it came from). The `NODEPROXY_*` environment is deliberately NOT
+//! wired through clap's `env` attribute: clap would read the real process environment, and
+//! `config::load` takes the environment as a closure so tests stay hermetic.
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, ArgGroup, Parser};
+
+/// What the process should do, chosen by at most one mode flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No mode flag: watch the cluster and keep the kernel in sync.
+    Run,
+    /// `--dry-run`: print the nft ruleset that would be programmed, then exit.
+    DryRun,
+    /// `--once`: program the kernel once, then exit.
+    Once,
+    /// `--cleanup`: remove everything nodeproxy programmed, then exit.
+    Cleanup,
+    /// `--print-config`: print the effective configuration with the source of each value.
+    PrintConfig,
+}
+
+const AFTER_HELP: &str = "\
+Precedence, for every setting: flag > NODEPROXY_* environment variable > config file > default.
+A config file never overrides a flag or an environment variable; --print-config shows where
+each effective value came from. An environment variable set to the empty string counts as
+unset.
+
+Config file: TOML, keys are the flag names in snake_case (hostname_override, cluster_cidr,
+masquerade_all, masquerade_bit, nodeport_addresses, from_file, log_format). No file is read
+unless --config (or NODEPROXY_CONFIG) names one; the conventional path is
+/etc/nodeproxy/config.toml. Unknown keys are errors.
+
+Exit status: 0 ok, 1 runtime failure, 2 usage or configuration error.";
+
+/// `nodeproxy [OPTIONS]`: the raw command line, before merging with environment and file.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "nodeproxy",
+    version,
+    about = "kube-proxy replacement that programs nftables over netlink",
+    after_help = AFTER_HELP,
+    group(ArgGroup::new("mode").multiple(false))
+)]
+pub struct Cli {
+    /// Print the nft ruleset that would be programmed, then exit.
+    #[arg(long, group = "mode")]
+    pub dry_run: bool,
+
+    /// Program the kernel once, then exit.
+    #[arg(long, group = "mode")]
+    pub once: bool,
+
+    /// Remove everything nodeproxy programmed (its own tables), then exit.
+    #[arg(long, group = "mode")]
+    pub cleanup: bool,
+
+    /// Print the effective configuration, with the source of each value, then exit.
+    #[arg(long, group = "mode")]
+    pub print_config: bool,
+
+    /// Read settings from this TOML file; flags and NODEPROXY_* variables override it.
+    /// [env: NODEPROXY_CONFIG]
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Use this name instead of the host name as the node's name (trimmed, lowercased; empty
+    /// means unset). [env: NODEPROXY_HOSTNAME_OVERRIDE]
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+
+    /// Pod network CIDRs, comma-separated, at most one per family (an IPv4,IPv6 pair for
+    /// dual-stack). Traffic to ClusterIPs from outside them is masqueraded.
+    /// [env: NODEPROXY_CLUSTER_CIDR]
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub cluster_cidr: Option<String>,
+
+    /// Masquerade all traffic to ClusterIPs. Also accepts --masquerade-all=true|false.
+    /// [env: NODEPROXY_MASQUERADE_ALL] [default: false]
+    // `require_equals` keeps `--masquerade-all` followed by another word from swallowing that
+    // word as its value, which is also how kube-proxy's boolean flags behave.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub masquerade_all: Option<String>,
+
+    /// The packet mark bit (0..=31) used to flag packets for masquerade.
+    /// [env: NODEPROXY_MASQUERADE_BIT] [default: 14]
+    #[arg(long, value_name = "N")]
+    pub masquerade_bit: Option<String>,
+
+    /// Which local addresses answer NodePorts; only `primary` (the Node's primary InternalIP
+    /// of each family) is supported in this version.
+    /// [env: NODEPROXY_NODEPORT_ADDRESSES] [default: primary]
+    #[arg(long, value_name = "VALUE")]
+    pub nodeport_addresses: Option<String>,
+
+    /// Read Services/EndpointSlices/Nodes from this YAML/JSON file instead of the API server
+    /// (repeatable). [env: NODEPROXY_FROM_FILE, comma-separated]
+    #[arg(long, value_name = "PATH", action = ArgAction::Append)]
+    pub from_file: Vec<PathBuf>,
+
+    /// Log format: `text` or `json`. [env: NODEPROXY_LOG_FORMAT] [default: text]
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+
+    /// More verbose logging; repeat for more (-vv).
+    #[arg(short = 'v', action = ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Log verbosity level, as kube-proxy's --v=N. The higher of -v count and --v wins.
+    #[arg(long = "v", value_name = "N")]
+    pub v: Option<u8>,
+}
+
+impl Cli {
+    /// The mode chosen by the (mutually exclusive, enforced by clap) mode flags.
+    pub fn mode(&self) -> Mode {
+        if self.dry_run {
+            Mode::DryRun
+        } else if self.once {
+            Mode::Once
+        } else if self.cleanup {
+            Mode::Cleanup
+        } else if self.print_config {
+            Mode::PrintConfig
+        } else {
+            Mode::Run
+        }
+    }
+
+    /// The verbosity from `-v` (counted) and `--v N`; the higher wins so that mixing the two
+    /// spellings never lowers what either asked for.
+    pub fn verbosity(&self) -> u8 {
+        self.verbose.max(self.v.unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_clap_definition_is_internally_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn counted_v_and_long_v_both_set_verbosity() {
+        let cli = Cli::try_parse_from(["nodeproxy", "-vvv"]).unwrap();
+        assert_eq!(cli.verbosity(), 3);
+        let cli = Cli::try_parse_from(["nodeproxy", "--v=4"]).unwrap();
+        assert_eq!(cli.verbosity(), 4);
+        let cli = Cli::try_parse_from(["nodeproxy", "--v", "2", "-vvvvv"]).unwrap();
+        assert_eq!(cli.verbosity(), 5);
+    }
+
+    #[test]
+    fn mode_flags_are_mutually_exclusive() {
+        assert!(Cli::try_parse_from(["nodeproxy", "--dry-run", "--once"]).is_err());
+        let cli = Cli::try_parse_from(["nodeproxy", "--cleanup"]).unwrap();
+        assert_eq!(cli.mode(), Mode::Cleanup);
+        let cli = Cli::try_parse_from(["nodeproxy"]).unwrap();
+        assert_eq!(cli.mode(), Mode::Run);
+    }
+
+    #[test]
+    fn masquerade_all_accepts_bare_and_explicit_values() {
+        let cli = Cli::try_parse_from(["nodeproxy", "--masquerade-all"]).unwrap();
+        assert_eq!(cli.masquerade_all.as_deref(), Some("true"));
+        let cli = Cli::try_parse_from(["nodeproxy", "--masquerade-all=false"]).unwrap();
+        assert_eq!(cli.masquerade_all.as_deref(), Some("false"));
+        // Without `=`, the next word is not taken as the flag's value.
+        let cli = Cli::try_parse_from(["nodeproxy", "--masquerade-all", "--once"]).unwrap();
+        assert_eq!(cli.masquerade_all.as_deref(), Some("true"));
+        assert_eq!(cli.mode(), Mode::Once);
+    }
+
+    #[test]
+    fn help_names_every_environment_variable() {
+        let help = Cli::command().render_long_help().to_string();
+        for var in [
+            "NODEPROXY_CONFIG",
+            "NODEPROXY_HOSTNAME_OVERRIDE",
+            "NODEPROXY_CLUSTER_CIDR",
+            "NODEPROXY_MASQUERADE_ALL",
+            "NODEPROXY_MASQUERADE_BIT",
+            "NODEPROXY_NODEPORT_ADDRESSES",
+            "NODEPROXY_FROM_FILE",
+            "NODEPROXY_LOG_FORMAT",
+        ] {
+            assert!(help.contains(var), "help lacks {var}:\n{help}");
+        }
+    }
+}

@@ -1,1 +1,696 @@
 //! Conversion from Kubernetes API objects to the model, with validation.
+//!
+//! This is the only place that reads k8s-openapi types. Every check here exists so that nothing
+//! downstream has to cope with a malformed object: an object that fails a check becomes a
+//! [`Rejected`] naming the object, the field and what would be valid, and is left out.
+//!
+//! Conventions, chosen to read objects the way kube-proxy (Go) does:
+//! - A Go zero value means "absent": `nodePort: 0`, `healthCheckNodePort: 0`, `protocol: ""`,
+//!   `externalTrafficPolicy: ""` and so on behave exactly as if the field were not written,
+//!   because the API server's JSON cannot tell them apart either.
+//! - IP addresses are parsed "sloppily" like `netutils.ParseIPSloppy`: IPv4 octets with leading
+//!   zeros are read as decimal, and an IPv4-mapped IPv6 address (`::ffff:192.0.2.1`) is an IPv4
+//!   address, as Go's `net.IP` and the API's own validation treat it. What is stored is always the
+//!   canonical [`IpAddr`].
+//! - Objects labelled `service.kubernetes.io/service-proxy-name` or
+//!   `service.kubernetes.io/headless` are ignored, whatever their kind: kube-proxy's informers
+//!   select against both labels for Services and EndpointSlices alike.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+
+use super::{
+    Conditions, EndpointSlice, IpFamily, Node, Protocol, Rejected, Service, ServiceName,
+    ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+};
+
+/// Objects with this label belong to another proxy.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Set by the EndpointSlice controller on the slices of headless Services.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Names the Service an EndpointSlice belongs to.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// The Node label that topology hints are matched against.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// The taint cluster-autoscaler puts on a Node it is about to remove.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+
+const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+const MAX_AFFINITY_TIMEOUT: u32 = 86400;
+
+/// Builds [`Rejected`] reports for one object.
+struct Ctx {
+    object: String,
+}
+
+impl Ctx {
+    fn reject(
+        &self,
+        field: impl Into<String>,
+        value: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Rejected {
+        Rejected {
+            object: self.object.clone(),
+            field: field.into(),
+            value: value.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Why kube-proxy (and so nodeproxy) does not proxy this Service, or `None` if it does. Checked
+/// before any validation, so that an ignored Service is never reported as invalid.
+pub fn ignored_service_reason(svc: &core::Service) -> Option<&'static str> {
+    if let Some(reason) = ignored_by_labels(&svc.metadata) {
+        return Some(reason);
+    }
+    let spec = svc.spec.as_ref()?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Some("type ExternalName is resolved by DNS, not proxied");
+    }
+    match first_cluster_ip(spec) {
+        None => Some("headless Service (no ClusterIP) is not proxied"),
+        Some("None") => Some("headless Service (clusterIP None) is not proxied"),
+        Some(_) => None,
+    }
+}
+
+/// Why this EndpointSlice is not used, or `None` if it is.
+pub fn ignored_slice_reason(slice: &discovery::EndpointSlice) -> Option<&'static str> {
+    if let Some(reason) = ignored_by_labels(&slice.metadata) {
+        return Some(reason);
+    }
+    if slice.address_type == "FQDN" {
+        return Some("addressType FQDN is not proxied");
+    }
+    None
+}
+
+fn ignored_by_labels(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<&'static str> {
+    let labels = meta.labels.as_ref()?;
+    if labels.contains_key(LABEL_SERVICE_PROXY_NAME) {
+        return Some("labelled service.kubernetes.io/service-proxy-name: owned by another proxy");
+    }
+    if labels.contains_key(LABEL_HEADLESS) {
+        return Some("labelled service.kubernetes.io/headless: headless, not proxied");
+    }
+    None
+}
+
+/// `spec.clusterIPs[0]`, or `spec.clusterIP` when the list is absent; `None` when neither is set.
+fn first_cluster_ip(spec: &core::ServiceSpec) -> Option<&str> {
+    match spec.cluster_ips.as_deref() {
+        Some([first, ..]) if !first.is_empty() => Some(first.as_str()),
+        _ => spec.cluster_ip.as_deref().filter(|ip| !ip.is_empty()),
+    }
+}
+
+/// Converts a Service. `Ok(None)` for Services kube-proxy does not proxy (see
+/// [`ignored_service_reason`]).
+pub fn service(svc: &core::Service) -> Result<Option<Service>, Rejected> {
+    let name = names("Service", &svc.metadata)?;
+    let ctx = Ctx {
+        object: format!("Service {name}"),
+    };
+    if ignored_service_reason(svc).is_some() {
+        return Ok(None);
+    }
+    let Some(spec) = svc.spec.as_ref() else {
+        // ignored_service_reason already returned for a Service without spec (no ClusterIP).
+        return Ok(None);
+    };
+
+    match spec.type_.as_deref() {
+        None | Some("" | "ClusterIP" | "NodePort" | "LoadBalancer") => {}
+        Some(other) => {
+            return Err(ctx.reject(
+                "spec.type",
+                other,
+                "unknown Service type; valid: ClusterIP, NodePort, LoadBalancer, ExternalName",
+            ));
+        }
+    }
+
+    let cluster_ips = cluster_ips(&ctx, spec)?;
+    let ports = service_ports(&ctx, spec)?;
+
+    let mut external_ips = Vec::new();
+    for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
+        external_ips.push(ip_field(&ctx, &format!("spec.externalIPs[{i}]"), raw)?);
+    }
+
+    let mut load_balancer_ips = Vec::new();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        // kube-proxy programs only VIP-mode ingress IPs: with ipMode Proxy the load balancer
+        // terminates traffic itself, and a hostname-only entry has no IP to match.
+        if !matches!(ing.ip_mode.as_deref(), None | Some("" | "VIP")) {
+            continue;
+        }
+        let Some(raw) = ing.ip.as_deref().filter(|ip| !ip.is_empty()) else {
+            continue;
+        };
+        load_balancer_ips.push(ip_field(
+            &ctx,
+            &format!("status.loadBalancer.ingress[{i}].ip"),
+            raw,
+        )?);
+    }
+
+    let mut load_balancer_source_ranges = Vec::new();
+    for (i, raw) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        let Some(net) = parse_cidr(raw) else {
+            return Err(ctx.reject(
+                format!("spec.loadBalancerSourceRanges[{i}]"),
+                raw.as_str(),
+                "not a CIDR; valid: an IPv4 or IPv6 prefix such as 203.0.113.0/24",
+            ));
+        };
+        load_balancer_source_ranges.push(net);
+    }
+
+    let external_traffic_policy = traffic_policy(
+        &ctx,
+        "spec.externalTrafficPolicy",
+        spec.external_traffic_policy.as_deref(),
+    )?;
+    let internal_traffic_policy = traffic_policy(
+        &ctx,
+        "spec.internalTrafficPolicy",
+        spec.internal_traffic_policy.as_deref(),
+    )?;
+
+    let health_check_node_port = match spec.health_check_node_port {
+        None | Some(0) => None,
+        Some(p) => Some(port_number(&ctx, "spec.healthCheckNodePort", p)?),
+    };
+
+    let session_affinity_timeout = session_affinity(&ctx, spec)?;
+
+    Ok(Some(Service {
+        name,
+        cluster_ips,
+        ports,
+        external_ips,
+        load_balancer_ips,
+        load_balancer_source_ranges,
+        external_traffic_policy,
+        internal_traffic_policy,
+        health_check_node_port,
+        session_affinity_timeout,
+    }))
+}
+
+/// Namespace and name of a namespaced object; both are required.
+fn names(
+    kind: &str,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<ServiceName, Rejected> {
+    let name = meta.name.as_deref().unwrap_or_default();
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let ctx = Ctx {
+        object: format!("{kind} {namespace}/{name}"),
+    };
+    if name.is_empty() {
+        return Err(ctx.reject(
+            "metadata.name",
+            name,
+            format!("missing; every {kind} needs a name"),
+        ));
+    }
+    if namespace.is_empty() {
+        return Err(ctx.reject(
+            "metadata.namespace",
+            namespace,
+            format!("missing; a {kind} is namespaced (kubectl -A output always includes it)"),
+        ));
+    }
+    Ok(ServiceName {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    })
+}
+
+fn cluster_ips(ctx: &Ctx, spec: &core::ServiceSpec) -> Result<Vec<IpAddr>, Rejected> {
+    let listed = spec.cluster_ips.as_deref().unwrap_or_default();
+    let (raw_ips, field): (Vec<&str>, &str) = if listed.is_empty() {
+        (
+            spec.cluster_ip.as_deref().into_iter().collect(),
+            "spec.clusterIP",
+        )
+    } else {
+        (
+            listed.iter().map(String::as_str).collect(),
+            "spec.clusterIPs",
+        )
+    };
+
+    let path = |i: usize| {
+        if listed.is_empty() {
+            field.to_owned()
+        } else {
+            format!("{field}[{i}]")
+        }
+    };
+
+    let mut ips: Vec<IpAddr> = Vec::with_capacity(raw_ips.len());
+    for (i, raw) in raw_ips.iter().enumerate() {
+        let path = path(i);
+        let ip = ip_field(ctx, &path, raw)?;
+        if let Some(prev) = ips.iter().find(|p| IpFamily::of(p) == IpFamily::of(&ip)) {
+            return Err(ctx.reject(
+                path,
+                *raw,
+                format!(
+                    "a second {} ClusterIP (already have {prev}); valid: at most one ClusterIP per family",
+                    IpFamily::of(&ip)
+                ),
+            ));
+        }
+        ips.push(ip);
+    }
+
+    // The API keeps clusterIP equal to clusterIPs[0]; if a hand-written file disagrees, nothing
+    // says which one the author meant.
+    if let (Some(first), Some(single)) = (
+        ips.first(),
+        spec.cluster_ip.as_deref().filter(|s| !s.is_empty()),
+    ) && !listed.is_empty()
+        && parse_ip(single) != Some(*first)
+    {
+        return Err(ctx.reject(
+            "spec.clusterIP",
+            single,
+            format!("differs from spec.clusterIPs[0] ({first}); valid: the same address"),
+        ));
+    }
+
+    for (i, (family, ip)) in spec
+        .ip_families
+        .iter()
+        .flatten()
+        .zip(ips.iter())
+        .enumerate()
+    {
+        let want = match family.as_str() {
+            "IPv4" => IpFamily::V4,
+            "IPv6" => IpFamily::V6,
+            _ => {
+                return Err(ctx.reject(
+                    format!("spec.ipFamilies[{i}]"),
+                    family.as_str(),
+                    "unknown IP family; valid: IPv4, IPv6",
+                ));
+            }
+        };
+        if want != IpFamily::of(ip) {
+            return Err(ctx.reject(
+                format!("spec.ipFamilies[{i}]"),
+                family.as_str(),
+                format!(
+                    "does not match the family of {} ({ip} is {}); valid: {}",
+                    path(i),
+                    IpFamily::of(ip),
+                    IpFamily::of(ip)
+                ),
+            ));
+        }
+    }
+    Ok(ips)
+}
+
+fn service_ports(ctx: &Ctx, spec: &core::ServiceSpec) -> Result<Vec<ServicePort>, Rejected> {
+    let mut ports = Vec::new();
+    let mut seen_names = BTreeSet::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let name = p.name.clone().unwrap_or_default();
+        // Endpoints are matched to Service ports by name (and protocol); two ports with one name
+        // could not be told apart. The API forbids it, so this only catches hand-written files.
+        if !seen_names.insert(name.clone()) {
+            return Err(ctx.reject(
+                format!("spec.ports[{i}].name"),
+                name,
+                "duplicate port name; valid: a name unique within the Service",
+            ));
+        }
+        let protocol = protocol(
+            ctx,
+            &format!("spec.ports[{i}].protocol"),
+            p.protocol.as_deref(),
+        )?;
+        let port = port_number(ctx, &format!("spec.ports[{i}].port"), p.port)?;
+        let node_port = match p.node_port {
+            None | Some(0) => None,
+            Some(n) => Some(port_number(ctx, &format!("spec.ports[{i}].nodePort"), n)?),
+        };
+        ports.push(ServicePort {
+            name,
+            protocol,
+            port,
+            node_port,
+        });
+    }
+    Ok(ports)
+}
+
+fn session_affinity(ctx: &Ctx, spec: &core::ServiceSpec) -> Result<Option<u32>, Rejected> {
+    match spec.session_affinity.as_deref() {
+        None | Some("" | "None") => Ok(None),
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match timeout {
+                None => Ok(Some(DEFAULT_AFFINITY_TIMEOUT)),
+                Some(t) => match u32::try_from(t) {
+                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => Ok(Some(t)),
+                    _ => Err(ctx.reject(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        t.to_string(),
+                        format!("out of range; valid: 1..={MAX_AFFINITY_TIMEOUT} seconds"),
+                    )),
+                },
+            }
+        }
+        Some(other) => Err(ctx.reject(
+            "spec.sessionAffinity",
+            other,
+            "unknown session affinity; valid: None, ClientIP",
+        )),
+    }
+}
+
+fn traffic_policy(ctx: &Ctx, field: &str, raw: Option<&str>) -> Result<TrafficPolicy, Rejected> {
+    match raw {
+        None | Some("" | "Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
+        Some(other) => Err(ctx.reject(
+            field,
+            other,
+            "unknown traffic policy; valid: Cluster, Local",
+        )),
+    }
+}
+
+fn protocol(ctx: &Ctx, field: &str, raw: Option<&str>) -> Result<Protocol, Rejected> {
+    match raw {
+        None | Some("" | "TCP") => Ok(Protocol::Tcp),
+        Some("UDP") => Ok(Protocol::Udp),
+        Some("SCTP") => Ok(Protocol::Sctp),
+        Some(other) => Err(ctx.reject(field, other, "unknown protocol; valid: TCP, UDP, SCTP")),
+    }
+}
+
+fn port_number(ctx: &Ctx, field: &str, raw: i32) -> Result<u16, Rejected> {
+    match u16::try_from(raw) {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err(ctx.reject(
+            field,
+            raw.to_string(),
+            "port out of range; valid: 1..=65535",
+        )),
+    }
+}
+
+fn ip_field(ctx: &Ctx, field: &str, raw: &str) -> Result<IpAddr, Rejected> {
+    parse_ip(raw).ok_or_else(|| {
+        ctx.reject(
+            field,
+            raw,
+            "not an IP address; valid: an IPv4 or IPv6 address such as 192.0.2.1 or 2001:db8::1",
+        )
+    })
+}
+
+/// Parses an IP address the way Kubernetes' `ParseIPSloppy` does (leading zeros in IPv4 octets
+/// are decimal), and returns IPv4-mapped IPv6 addresses as IPv4. Surrounding whitespace is not
+/// accepted: the API never writes it and Go's parser rejects it.
+pub fn parse_ip(raw: &str) -> Option<IpAddr> {
+    let ip = match raw.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => parse_ip_leading_zeros(raw)?,
+    };
+    Some(match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    })
+}
+
+/// The legacy forms Rust's strict parser refuses: `010.000.000.001`, and the same as the
+/// trailing dotted quad of an IPv6 address.
+fn parse_ip_leading_zeros(raw: &str) -> Option<IpAddr> {
+    match raw.rfind(':') {
+        None => parse_v4_sloppy(raw).map(IpAddr::V4),
+        Some(colon) => {
+            let (head, quad) = raw.split_at(colon + 1);
+            let v4 = parse_v4_sloppy(quad)?;
+            format!("{head}{v4}").parse().ok()
+        }
+    }
+}
+
+fn parse_v4_sloppy(raw: &str) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = raw.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let digits = part.trim_start_matches('0');
+        *octet = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().ok()?
+        };
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(Ipv4Addr::from(octets))
+}
+
+/// Parses a CIDR like `ParseCIDRSloppy`: surrounding spaces are trimmed (they appear in
+/// hand-written `loadBalancerSourceRanges`), leading zeros are decimal, and host bits are
+/// cleared, so `192.0.2.7/24` is `192.0.2.0/24`.
+pub fn parse_cidr(raw: &str) -> Option<ipnet::IpNet> {
+    let (addr, prefix) = raw.trim().split_once('/')?;
+    if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let prefix: u8 = prefix.parse().ok()?;
+    let addr = match addr.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => parse_ip_leading_zeros(addr)?,
+    };
+    ipnet::IpNet::new(addr, prefix).ok().map(|n| n.trunc())
+}
+
+/// Converts an EndpointSlice. `Ok(None)` for slices kube-proxy does not use (see
+/// [`ignored_slice_reason`]).
+///
+/// A port without a number is skipped, not rejected: kube-proxy skips it too (a nil port is
+/// reserved to mean "all ports" and is not implemented), and the other ports remain usable.
+/// Likewise an endpoint without any address is skipped. An address that is not an IP of the
+/// slice's family rejects the whole slice, since the controller never writes one and the slice
+/// is then not trustworthy.
+pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSlice>, Rejected> {
+    let name = names("EndpointSlice", &s.metadata)?;
+    let ctx = Ctx {
+        object: format!("EndpointSlice {name}"),
+    };
+    if ignored_slice_reason(s).is_some() {
+        return Ok(None);
+    }
+
+    let family = match s.address_type.as_str() {
+        "IPv4" => IpFamily::V4,
+        "IPv6" => IpFamily::V6,
+        other => {
+            return Err(ctx.reject(
+                "addressType",
+                other,
+                "unknown address type; valid: IPv4, IPv6, FQDN",
+            ));
+        }
+    };
+
+    let service_name = s
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_SERVICE_NAME))
+        .map(String::as_str)
+        .unwrap_or_default();
+    if service_name.is_empty() {
+        return Err(ctx.reject(
+            format!("metadata.labels[\"{LABEL_SERVICE_NAME}\"]"),
+            service_name,
+            "missing; valid: the name of the Service this slice belongs to",
+        ));
+    }
+    let service = ServiceName {
+        namespace: name.namespace.clone(),
+        name: service_name.to_owned(),
+    };
+
+    let mut ports = Vec::new();
+    for (i, p) in s.ports.iter().flatten().enumerate() {
+        let Some(number) = p.port.filter(|&n| n != 0) else {
+            continue;
+        };
+        let protocol = protocol(&ctx, &format!("ports[{i}].protocol"), p.protocol.as_deref())?;
+        let port = port_number(&ctx, &format!("ports[{i}].port"), number)?;
+        ports.push(SlicePort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol,
+            port,
+        });
+    }
+
+    let mut endpoints = Vec::with_capacity(s.endpoints.len());
+    for (i, ep) in s.endpoints.iter().enumerate() {
+        let Some(raw) = ep.addresses.first() else {
+            continue;
+        };
+        let field = format!("endpoints[{i}].addresses[0]");
+        let addr = ip_field(&ctx, &field, raw)?;
+        if IpFamily::of(&addr) != family {
+            return Err(ctx.reject(
+                field,
+                raw.as_str(),
+                format!(
+                    "an {} address in a slice of addressType {}; valid: {} addresses only",
+                    IpFamily::of(&addr),
+                    s.address_type,
+                    s.address_type
+                ),
+            ));
+        }
+        let cond = ep.conditions.as_ref();
+        let conditions = Conditions {
+            ready: cond.and_then(|c| c.ready).unwrap_or(true),
+            serving: cond.and_then(|c| c.serving).unwrap_or(true),
+            terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+        };
+        let hints = ep.hints.as_ref();
+        endpoints.push(SliceEndpoint {
+            addr,
+            conditions,
+            node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
+            zone: ep.zone.clone().filter(|z| !z.is_empty()),
+            zone_hints: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                .unwrap_or_default(),
+            node_hints: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                .unwrap_or_default(),
+        });
+    }
+
+    Ok(Some(EndpointSlice {
+        name,
+        service,
+        family,
+        ports,
+        endpoints,
+    }))
+}
+
+/// Converts a Node.
+pub fn node(n: &core::Node) -> Result<Node, Rejected> {
+    let name = n.metadata.name.clone().unwrap_or_default();
+    let ctx = Ctx {
+        object: format!("Node {name}"),
+    };
+    if name.is_empty() {
+        return Err(ctx.reject("metadata.name", "", "missing; every Node needs a name"));
+    }
+
+    let mut internal_ips = Vec::new();
+    let mut external_ips = Vec::new();
+    let addresses = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+    for (i, a) in addresses.into_iter().flatten().enumerate() {
+        let list = match a.type_.as_str() {
+            "InternalIP" => &mut internal_ips,
+            "ExternalIP" => &mut external_ips,
+            // Hostname, InternalDNS, ExternalDNS: names, not used for proxying.
+            _ => continue,
+        };
+        list.push(ip_field(
+            &ctx,
+            &format!("status.addresses[{i}].address"),
+            &a.address,
+        )?);
+    }
+
+    let spec = n.spec.as_ref();
+    let listed = spec
+        .and_then(|s| s.pod_cidrs.as_deref())
+        .unwrap_or_default();
+    let (raw_cidrs, field): (Vec<&str>, &str) = if listed.is_empty() {
+        (
+            spec.and_then(|s| s.pod_cidr.as_deref())
+                .filter(|c| !c.is_empty())
+                .into_iter()
+                .collect(),
+            "spec.podCIDR",
+        )
+    } else {
+        (listed.iter().map(String::as_str).collect(), "spec.podCIDRs")
+    };
+    let mut pod_cidrs = Vec::with_capacity(raw_cidrs.len());
+    for (i, raw) in raw_cidrs.iter().enumerate() {
+        let Some(net) = parse_cidr(raw) else {
+            let path = if listed.is_empty() {
+                field.to_owned()
+            } else {
+                format!("{field}[{i}]")
+            };
+            return Err(ctx.reject(
+                path,
+                *raw,
+                "not a CIDR; valid: an IPv4 or IPv6 prefix such as 10.244.1.0/24",
+            ));
+        };
+        pod_cidrs.push(net);
+    }
+
+    let labels: Option<&BTreeMap<String, String>> = n.metadata.labels.as_ref();
+    Ok(Node {
+        name,
+        internal_ips,
+        external_ips,
+        pod_cidrs,
+        zone: labels
+            .and_then(|l| l.get(LABEL_ZONE))
+            .filter(|z| !z.is_empty())
+            .cloned(),
+        deleting: n.metadata.deletion_timestamp.is_some(),
+        to_be_deleted: spec
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == TAINT_TO_BE_DELETED)),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 
 use crate::model::{IpFamily, Protocol, ServicePortName};
 
-pub use build::build;
+pub use build::{Settings, build, diagnostics};
 
 /// Everything nodeproxy programs: one table per IP family.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,1 +1,67 @@
-//! Names of every kernel object nodeproxy creates.
+//! Names and comments of every kernel object nodeproxy creates, in one place.
+//!
+//! The table is ours, so names carry no `nodeproxy-` prefix. They follow upstream kube-proxy's
+//! names where the object means the same thing, so operators who know `kube-proxy`'s table can
+//! read ours.
+
+/// Our table, in both the `ip` and `ip6` families.
+pub const TABLE: &str = "nodeproxy";
+pub const TABLE_COMMENT: &str = "rules for nodeproxy";
+
+pub const NAT_PREROUTING: &str = "nat-prerouting";
+pub const NAT_OUTPUT: &str = "nat-output";
+pub const NAT_POSTROUTING: &str = "nat-postrouting";
+pub const FILTER_INPUT: &str = "filter-input";
+pub const FILTER_FORWARD: &str = "filter-forward";
+pub const FILTER_OUTPUT: &str = "filter-output";
+
+pub const SERVICES: &str = "services";
+pub const MASQUERADING: &str = "masquerading";
+pub const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+pub const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+pub const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+pub const REJECT_CHAIN: &str = "reject-chain";
+
+pub const CLUSTER_IPS: &str = "cluster-ips";
+pub const NODEPORT_IPS: &str = "nodeport-ips";
+pub const SERVICE_IPS: &str = "service-ips";
+pub const SERVICE_NODEPORTS: &str = "service-nodeports";
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+pub const HAIRPIN_CONNECTIONS: &str = "hairpin-connections";
+
+/// The chain that DNATs ClusterIP traffic to one of `k` endpoints.
+pub fn pick_chain(k: usize) -> String {
+    format!("pick-{k}")
+}
+
+/// The map `pick-<k>` reads: service address . protocol . port . slot → endpoint.
+pub fn pick_map(k: usize) -> String {
+    format!("pick-{k}-endpoints")
+}
+
+/// The chain that marks NodePort traffic for masquerade and DNATs it to one of `k` endpoints.
+pub fn nodeport_pick_chain(k: usize) -> String {
+    format!("nodeport-pick-{k}")
+}
+
+/// The map `nodeport-pick-<k>` reads: protocol . node port . slot → endpoint.
+pub fn nodeport_pick_map(k: usize) -> String {
+    format!("nodeport-pick-{k}-endpoints")
+}
+
+/// nft stores comments in userdata and refuses longer ones (NFT_USERDATA_MAXLEN is 256 for the
+/// whole userdata; nft itself caps comments at 128 bytes).
+pub const COMMENT_MAX: usize = 128;
+
+/// Truncates a comment to what nft accepts, on a character boundary.
+pub fn comment(text: &str) -> String {
+    if text.len() <= COMMENT_MAX {
+        return text.to_string();
+    }
+    let mut end = COMMENT_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}

@@ -1,0 +1,74 @@
+//! Generates a synthetic cluster (`kubectl get services,endpointslices,nodes -A -o json` shape)
+//! with N services × M endpoints, for benchmarks.
+//!
+//! Usage: `cargo run --release --example gen_cluster -- N M [--seed S] [--change-endpoint]
+//! [--add-service] > cluster.json`. `--change-endpoint` replaces the first endpoint of service 0;
+//! `--add-service` adds service N. Every fourth service also gets a NodePort. No traffic is ever
+//! sent to these addresses: they only size the ruleset.
+
+use std::io::Write;
+
+fn main() -> std::io::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let num = |i: usize, name: &str| -> usize {
+        args.get(i)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{name} must be a number: gen_cluster N M"))
+    };
+    let services = num(0, "N");
+    let endpoints = num(1, "M");
+    let change_endpoint = args.iter().any(|a| a == "--change-endpoint");
+    let add_service = args.iter().any(|a| a == "--add-service");
+    let total = services + usize::from(add_service);
+
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    writeln!(out, "{{\"apiVersion\":\"v1\",\"kind\":\"List\",\"items\":[")?;
+    writeln!(
+        out,
+        "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"node-a\"}},\
+         \"spec\":{{\"podCIDRs\":[\"10.128.0.0/24\"]}},\
+         \"status\":{{\"addresses\":[{{\"type\":\"InternalIP\",\"address\":\"192.0.2.11\"}}]}}}}"
+    )?;
+    for s in 0..total {
+        // ClusterIPs from 10.96.0.0/12 and pod IPs from 10.128.0.0/9: large enough for 50k
+        // services and millions of endpoints without collisions.
+        let ip = 0x0A60_0000u32 + 1 + s as u32;
+        let cluster_ip = std::net::Ipv4Addr::from(ip);
+        let node_port = if s % 4 == 0 {
+            format!(",\"nodePort\":{}", 30000 + (s / 4) % 2768)
+        } else {
+            String::new()
+        };
+        let svc_type = if s % 4 == 0 { "NodePort" } else { "ClusterIP" };
+        writeln!(
+            out,
+            ",{{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{{\"namespace\":\"ns{}\",\"name\":\"svc{s}\"}},\
+             \"spec\":{{\"type\":\"{svc_type}\",\"clusterIP\":\"{cluster_ip}\",\"clusterIPs\":[\"{cluster_ip}\"],\
+             \"ports\":[{{\"name\":\"http\",\"protocol\":\"TCP\",\"port\":80,\"targetPort\":8080{node_port}}}]}}}}",
+            s % 100
+        )?;
+        let mut eps = Vec::with_capacity(endpoints);
+        for e in 0..endpoints {
+            let mut n = 0x0A80_0000u32 + (s * endpoints + e) as u32;
+            if change_endpoint && s == 0 && e == 0 {
+                n = 0x0AFF_FFFE;
+            }
+            let node = if e % 2 == 0 { "node-a" } else { "node-b" };
+            eps.push(format!(
+                "{{\"addresses\":[\"{}\"],\"conditions\":{{\"ready\":true}},\"nodeName\":\"{node}\"}}",
+                std::net::Ipv4Addr::from(n)
+            ));
+        }
+        writeln!(
+            out,
+            ",{{\"apiVersion\":\"discovery.k8s.io/v1\",\"kind\":\"EndpointSlice\",\"metadata\":{{\"namespace\":\"ns{}\",\
+             \"name\":\"svc{s}-abcde\",\"labels\":{{\"kubernetes.io/service-name\":\"svc{s}\"}}}},\
+             \"addressType\":\"IPv4\",\"ports\":[{{\"name\":\"http\",\"protocol\":\"TCP\",\"port\":8080}}],\
+             \"endpoints\":[{}]}}",
+            s % 100,
+            eps.join(",")
+        )?;
+    }
+    writeln!(out, "]}}")?;
+    Ok(())
+}

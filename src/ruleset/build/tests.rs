@@ -1,0 +1,247 @@
+//! Unit tests of the ruleset builder.
+use super::*;
+use crate::model::{
+    Conditions, EndpointSlice, Node, Protocol, Service, ServiceName, ServicePort, SliceEndpoint,
+    SlicePort, TrafficPolicy,
+};
+use crate::ruleset::render::render;
+
+fn name(ns: &str, n: &str) -> ServiceName {
+    ServiceName {
+        namespace: ns.into(),
+        name: n.into(),
+    }
+}
+
+fn service(
+    ns: &str,
+    n: &str,
+    ips: &[&str],
+    ports: &[(&str, Protocol, u16, Option<u16>)],
+) -> Service {
+    Service {
+        name: name(ns, n),
+        cluster_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+        ports: ports
+            .iter()
+            .map(|(pn, proto, port, np)| ServicePort {
+                name: pn.to_string(),
+                protocol: *proto,
+                port: *port,
+                node_port: *np,
+            })
+            .collect(),
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        external_traffic_policy: TrafficPolicy::Cluster,
+        internal_traffic_policy: TrafficPolicy::Cluster,
+        health_check_node_port: None,
+        session_affinity_timeout: None,
+    }
+}
+
+fn slice(
+    ns: &str,
+    svc: &str,
+    slice_name: &str,
+    ports: &[(&str, Protocol, u16)],
+    eps: &[(&str, bool, Option<&str>)],
+) -> EndpointSlice {
+    let first: IpAddr = eps[0].0.parse().unwrap();
+    EndpointSlice {
+        name: name(ns, slice_name),
+        service: name(ns, svc),
+        family: IpFamily::of(&first),
+        ports: ports
+            .iter()
+            .map(|(n, p, port)| SlicePort {
+                name: n.to_string(),
+                protocol: *p,
+                port: *port,
+            })
+            .collect(),
+        endpoints: eps
+            .iter()
+            .map(|(a, ready, node)| SliceEndpoint {
+                addr: a.parse().unwrap(),
+                conditions: Conditions {
+                    ready: *ready,
+                    serving: *ready,
+                    terminating: false,
+                },
+                node_name: node.map(str::to_string),
+                zone: None,
+                zone_hints: vec![],
+                node_hints: vec![],
+            })
+            .collect(),
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        node_name: "node-a".into(),
+        cluster_cidrs: vec!["198.51.100.0/24".parse().unwrap()],
+        masquerade_all: false,
+        mark: 0x4000,
+        nodeport_addresses: NodePortAddresses::Primary,
+    }
+}
+
+fn state() -> ClusterState {
+    let mut st = ClusterState::default();
+    let web = service(
+        "shop",
+        "web",
+        &["203.0.113.20"],
+        &[("http", Protocol::Tcp, 80, Some(30080))],
+    );
+    let empty = service(
+        "shop",
+        "empty",
+        &["203.0.113.30"],
+        &[("", Protocol::Tcp, 80, Some(30090))],
+    );
+    st.services.insert(web.name.clone(), web);
+    st.services.insert(empty.name.clone(), empty);
+    let s = slice(
+        "shop",
+        "web",
+        "web-1",
+        &[("http", Protocol::Tcp, 8080)],
+        &[
+            ("198.51.100.10", true, Some("node-a")),
+            ("198.51.100.130", true, Some("node-b")),
+            ("198.51.100.11", false, Some("node-a")),
+        ],
+    );
+    st.slices.insert(s.name.clone(), s);
+    st.nodes.insert(
+        "node-a".into(),
+        Node {
+            name: "node-a".into(),
+            internal_ips: vec!["192.0.2.11".parse().unwrap()],
+            ..Node::default()
+        },
+    );
+    st
+}
+
+fn set<'a>(t: &'a Table, name: &str) -> &'a Set {
+    t.set(name).unwrap_or_else(|| panic!("no set {name}"))
+}
+
+#[test]
+fn ready_endpoints_become_pick_map_elements_and_unready_ones_do_not() {
+    let rs = build(&state(), &settings());
+    let t = rs.table(IpFamily::V4).unwrap();
+    let svc = set(t, names::SERVICE_IPS);
+    assert_eq!(svc.elements.len(), 1);
+    assert_eq!(
+        svc.elements[0].data,
+        Some(ElemData::Verdict(Verdict::Goto("pick-2".into())))
+    );
+    let picks = set(t, "pick-2-endpoints");
+    let targets: Vec<_> = picks
+        .elements
+        .iter()
+        .map(|e| e.data.clone().unwrap())
+        .collect();
+    assert_eq!(targets.len(), 2);
+    assert!(!render(&rs).contains("198.51.100.11"));
+    assert!(t.chain("pick-2").is_some());
+    assert!(t.chain("pick-3").is_none());
+}
+
+#[test]
+fn service_without_endpoints_is_rejected_on_cluster_ip_and_node_port() {
+    let rs = build(&state(), &settings());
+    let t = rs.table(IpFamily::V4).unwrap();
+    let reject = Some(ElemData::Verdict(Verdict::Goto(names::REJECT_CHAIN.into())));
+    let ne = set(t, names::NO_ENDPOINT_SERVICES);
+    assert_eq!(ne.elements.len(), 1);
+    assert_eq!(
+        ne.elements[0].key[0],
+        Atom::Addr("203.0.113.30".parse().unwrap())
+    );
+    assert_eq!(ne.elements[0].data, reject);
+    let nn = set(t, names::NO_ENDPOINT_NODEPORTS);
+    assert_eq!(
+        nn.elements[0].key,
+        vec![Atom::Proto(Protocol::Tcp), Atom::Port(30090)]
+    );
+    assert_eq!(nn.elements[0].data, reject);
+    assert_eq!(set(t, names::CLUSTER_IPS).elements.len(), 2);
+}
+
+#[test]
+fn hairpin_set_holds_only_local_endpoints() {
+    let rs = build(&state(), &settings());
+    let t = rs.table(IpFamily::V4).unwrap();
+    let hp = set(t, names::HAIRPIN_CONNECTIONS);
+    assert_eq!(hp.elements.len(), 1);
+    let a: IpAddr = "198.51.100.10".parse().unwrap();
+    assert_eq!(
+        hp.elements[0].key,
+        vec![
+            Atom::Addr(a),
+            Atom::Addr(a),
+            Atom::Proto(Protocol::Tcp),
+            Atom::Port(8080)
+        ]
+    );
+}
+
+#[test]
+fn node_port_addresses_are_the_nodes_primary_ip_and_never_guessed() {
+    let rs = build(&state(), &settings());
+    let t = rs.table(IpFamily::V4).unwrap();
+    let ips = set(t, names::NODEPORT_IPS);
+    assert_eq!(
+        ips.elements[0].key,
+        vec![Atom::Addr("192.0.2.11".parse().unwrap())]
+    );
+
+    let mut other = settings();
+    other.node_name = "node-missing".into();
+    let rs = build(&state(), &other);
+    assert!(
+        set(rs.table(IpFamily::V4).unwrap(), names::NODEPORT_IPS)
+            .elements
+            .is_empty()
+    );
+    assert!(
+        diagnostics(&state(), &other)
+            .iter()
+            .any(|d| d.contains("not found"))
+    );
+}
+
+#[test]
+fn masquerade_rule_follows_cluster_cidr_or_masquerade_all() {
+    let rs = build(&state(), &settings());
+    let text = render(&rs);
+    assert!(text.contains(
+        "ip daddr @cluster-ips ip saddr != 198.51.100.0/24 meta mark set meta mark | 0x00004000"
+    ));
+    let mut all = settings();
+    all.masquerade_all = true;
+    all.mark = 1 << 3;
+    let text = render(&build(&state(), &all));
+    assert!(text.contains("ip daddr @cluster-ips meta mark set meta mark | 0x00000008\n"));
+    assert!(text.contains("meta mark & 0x00000008 != 0x00000000"));
+}
+
+#[test]
+fn ipv4_only_services_leave_the_ipv6_table_empty_of_elements() {
+    let rs = build(&state(), &settings());
+    let t6 = rs.table(IpFamily::V6).unwrap();
+    assert!(t6.sets.iter().all(|s| s.elements.is_empty()));
+    assert!(t6.chains.iter().all(|c| !c.name.starts_with("pick-")));
+}
+
+#[test]
+fn build_is_deterministic() {
+    assert_eq!(build(&state(), &settings()), build(&state(), &settings()));
+}
