@@ -28,7 +28,11 @@ fn cases() -> Vec<(String, PathBuf, Vec<String>)> {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
         let args = std::fs::read_to_string(path.with_extension("args"))
             .unwrap_or_else(|_| panic!("{name}: missing {name}.args next to the fixture"));
-        out.push((name, path, args.split_whitespace().map(String::from).collect()));
+        out.push((
+            name,
+            path,
+            args.split_whitespace().map(String::from).collect(),
+        ));
     }
     out.push((
         "example-cluster".to_string(),
@@ -39,7 +43,11 @@ fn cases() -> Vec<(String, PathBuf, Vec<String>)> {
             .collect(),
     ));
     out.sort();
-    assert!(out.len() >= 6, "expected the golden fixtures, found {}", out.len());
+    assert!(
+        out.len() >= 6,
+        "expected the golden fixtures, found {}",
+        out.len()
+    );
     out
 }
 
@@ -52,7 +60,10 @@ pub fn render_case(path: &Path, args: &[String]) -> String {
     let no_env = |_: &str| None;
     let loaded = config::load(argv.iter().map(Into::into), &no_env).expect("fixture args");
     let input = source::file::load_files(&loaded.config.from_file).expect("fixture parses");
-    let settings = Settings::new(&loaded.config, loaded.config.node_name().expect("node name"));
+    let settings = Settings::new(
+        &loaded.config,
+        loaded.config.node_name().expect("node name"),
+    );
     ruleset::render::render(&ruleset::build(&input.state, &settings))
 }
 
@@ -120,13 +131,22 @@ fn every_golden_is_accepted_by_nft_check() {
 fn dry_run_output_is_the_rendering_behind_a_comment_header() {
     let example = root().join("examples/cluster.yaml");
     let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
-        .args(["--dry-run", "--hostname-override", "node-a", "--cluster-cidr"])
+        .args([
+            "--dry-run",
+            "--hostname-override",
+            "node-a",
+            "--cluster-cidr",
+        ])
         .arg("10.244.0.0/16,fd00:10:244::/48")
         .arg("--from-file")
         .arg(&example)
         .output()
         .expect("run nodeproxy");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
     let (header, body) = stdout.split_once('\n').expect("header line");
     assert!(header.starts_with("# nodeproxy ruleset for node \"node-a\""));
@@ -140,7 +160,11 @@ fn unparsable_input_exits_2_naming_the_file_and_position() {
     let dir = std::env::temp_dir().join(format!("nodeproxy-golden-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.yaml");
-    std::fs::write(&bad, "apiVersion: v1\nkind: List\nitems:\n- {kind: Service\n").unwrap();
+    std::fs::write(
+        &bad,
+        "apiVersion: v1\nkind: List\nitems:\n- {kind: Service\n",
+    )
+    .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
         .args(["--dry-run", "--hostname-override", "node-a", "--from-file"])
         .arg(&bad)

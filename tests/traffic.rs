@@ -7,7 +7,7 @@
 mod lab;
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lab::{Lab, Ns, Proto, describe};
@@ -89,6 +89,7 @@ fn spread(
     count: usize,
     expected_peer: IpAddr,
 ) -> BTreeSet<String> {
+    let target = SocketAddr::new(addr, port);
     let mut answered = BTreeSet::new();
     for i in 0..count {
         match lab.request(from, proto, addr, port) {
@@ -96,15 +97,15 @@ fn spread(
                 assert_eq!(
                     peer,
                     expected_peer.to_string(),
-                    "request {i} from {} to {addr}:{port}/{proto:?} answered by {name}: the \
-                     server saw source {peer}, expected {expected_peer}{}",
+                    "request {i} from {} to {target}/{proto:?} answered by {name}: the server \
+                     saw source {peer}, expected {expected_peer}{}",
                     from.role(),
                     rulesets(lab)
                 );
                 answered.insert(name);
             }
             Err(e) => panic!(
-                "request {i} from {} to {addr}:{port}/{proto:?} failed: {e}{}",
+                "request {i} from {} to {target}/{proto:?} failed: {e}{}",
                 from.role(),
                 rulesets(lab)
             ),
@@ -267,7 +268,12 @@ fn ipv6_cluster_ip_and_node_port_reach_endpoints_on_both_nodes() {
         SPREAD_REQUESTS,
         Ns::PodA1.addr(true),
     );
-    assert_eq!(answered, names(&["a2", "b1"]), "ClusterIP{}", rulesets(&lab));
+    assert_eq!(
+        answered,
+        names(&["a2", "b1"]),
+        "ClusterIP{}",
+        rulesets(&lab)
+    );
     let answered = spread(
         &lab,
         Ns::Client,
