@@ -4,6 +4,9 @@
 //! Both nodes run `nodeproxy --once` with the same fixtures (`tests/fixtures/traffic/`) and
 //! their own `--hostname-override`, as two kube-proxies in one cluster would.
 
+// The helpers below are test code: a failed precondition must panic to fail the test.
+#![allow(clippy::panic, clippy::expect_used, clippy::unwrap_used)]
+
 mod lab;
 
 use std::collections::BTreeSet;
