@@ -1,1 +1,171 @@
 //! The kernel side: lowering the ruleset to netlink, applying, reading back.
+//!
+//! `wire::lower` turns a ruleset table into its encoded form, `Kernel::read_table` reads ours
+//! back in the same form, `diff::diff` computes the operations between the two, and
+//! `Kernel::apply` sends them as (at most two) atomic transactions. `sync` does all of it.
+
+pub mod diff;
+pub mod fake;
+pub mod msg;
+pub mod netlink;
+pub mod udata;
+pub mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+pub use diff::{Op, Plan, diff};
+pub use fake::FakeKernel;
+pub use netlink::NetlinkKernel;
+pub use wire::{
+    WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable, lower,
+};
+
+use crate::model::{IpFamily, ServicePortName};
+use crate::ruleset::Ruleset;
+
+/// One operation the kernel refused.
+#[derive(Debug)]
+pub struct RejectedOp {
+    /// `add element`, `delete chain`, …
+    pub op: &'static str,
+    /// `element 10.96.0.10 . tcp . 80 : goto x in map service-ips of table ip nodeproxy`
+    pub object: String,
+    /// The Service port the object was built for, when known.
+    pub origin: Option<ServicePortName>,
+    pub errno: std::io::Error,
+    /// The kernel's extended ack message, if it sent one.
+    pub ext_ack: Option<String>,
+    /// Offset of the offending attribute in the failing message (`NLMSGERR_ATTR_OFFS`).
+    pub ext_ack_offset: Option<u32>,
+    /// Transaction 1 or 2 of the plan.
+    pub phase: u8,
+}
+
+impl fmt::Display for RejectedOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.op, self.object)?;
+        if let Some(o) = &self.origin {
+            write!(f, " (Service {o})")?;
+        }
+        write!(f, ": {}", self.errno)?;
+        if let Some(m) = &self.ext_ack {
+            write!(f, ": {m}")?;
+        }
+        if let Some(o) = self.ext_ack_offset {
+            write!(f, " [attribute at offset {o}]")?;
+        }
+        Ok(())
+    }
+}
+
+fn list_rejected(errors: &[RejectedOp]) -> String {
+    errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("the kernel rejected the transaction ({} error(s)): {}", errors.len(), list_rejected(errors))]
+    Rejected { errors: Vec<RejectedOp> },
+    #[error("cannot express {object}{}: {reason}", origin.as_ref().map(|o| format!(" (Service {o})")).unwrap_or_default())]
+    Invalid {
+        object: String,
+        reason: String,
+        origin: Option<Box<ServicePortName>>,
+    },
+    #[error("unexpected netlink data: {0}")]
+    Protocol(String),
+    #[error("outcome of the transaction unknown: {0}")]
+    Unknown(String),
+    #[error("dump interrupted by concurrent ruleset changes, retries exhausted")]
+    Interrupted,
+}
+
+/// What one `apply` did.
+#[derive(Debug, Clone, Default)]
+pub struct ApplyStats {
+    pub messages: usize,
+    pub bytes: usize,
+    /// Time spent encoding batches.
+    pub encode: Duration,
+    /// Time from send to the last reply.
+    pub kernel: Duration,
+    /// Whether the kernel acked BATCH_END (kernels ≥ 6.10 do on success).
+    pub batch_end_acked: bool,
+}
+
+/// A kernel holding nftables tables: the netlink backend, or the in-memory fake.
+pub trait Kernel {
+    /// Reads our table back in wire form; `None` when it does not exist.
+    fn read_table(&mut self, family: IpFamily, name: &str) -> Result<Option<WireTable>, NftError>;
+    /// Applies a plan: phase 1 as one transaction, then phase 2 as another.
+    fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError>;
+    /// Deletes table `name` of families ip and ip6 where present (`--cleanup`); returns how
+    /// many were deleted. Tables of other names or families are never touched.
+    fn delete_tables(&mut self, name: &str) -> Result<usize, NftError>;
+}
+
+/// What `sync` did, for logs, metrics and benchmarks.
+#[derive(Debug, Clone, Default)]
+pub struct SyncReport {
+    pub tables: usize,
+    pub messages: usize,
+    pub bytes: usize,
+    pub elements_added: usize,
+    pub elements_removed: usize,
+    pub chains_rewritten: usize,
+    /// Plans with nothing to do are not sent.
+    pub empty_plans: usize,
+    /// Lowering the IR.
+    pub lower: Duration,
+    /// Reading our tables back.
+    pub read: Duration,
+    /// Diffing.
+    pub diff: Duration,
+    /// Encoding batches.
+    pub encode: Duration,
+    /// Send until the last reply.
+    pub kernel: Duration,
+}
+
+/// Brings every table of `desired` into the kernel: read back, diff, apply.
+pub fn sync(kernel: &mut impl Kernel, desired: &Ruleset) -> Result<SyncReport, NftError> {
+    let mut rep = SyncReport::default();
+    for table in &desired.tables {
+        let t = Instant::now();
+        let want = lower(table)?;
+        rep.lower += t.elapsed();
+        let t = Instant::now();
+        let have = kernel.read_table(table.family, &table.name)?;
+        rep.read += t.elapsed();
+        let t = Instant::now();
+        let plan = diff(have.as_ref(), &want);
+        rep.diff += t.elapsed();
+        rep.tables += 1;
+        if plan.is_empty() {
+            rep.empty_plans += 1;
+            continue;
+        }
+        rep.elements_added += plan.elements_added();
+        rep.elements_removed += plan.elements_removed();
+        rep.chains_rewritten += plan.chains_rewritten();
+        let st = kernel.apply(&plan)?;
+        rep.messages += st.messages;
+        rep.bytes += st.bytes;
+        rep.encode += st.encode;
+        rep.kernel += st.kernel;
+    }
+    Ok(rep)
+}

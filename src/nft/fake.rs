@@ -1,0 +1,236 @@
+//! An in-memory kernel for unit tests, with the nftables semantics the diff relies on:
+//! ENOENT for missing objects, EEXIST for exclusive adds, EBUSY for objects still referenced
+//! (element references count as of the start of the transaction, as on kernels before 6.2), and
+//! all-or-nothing transactions that report every failing operation.
+
+use std::collections::BTreeMap;
+use std::io;
+
+use super::diff::{Op, Plan};
+use super::wire::{WireTable, family_keyword};
+use super::{ApplyStats, Kernel, NftError, RejectedOp};
+use crate::model::IpFamily;
+
+#[derive(Debug, Default, Clone)]
+pub struct FakeKernel {
+    pub tables: BTreeMap<(IpFamily, String), WireTable>,
+    /// Transactions committed so far (an empty plan must not add any).
+    pub transactions: usize,
+}
+
+const ENOENT: i32 = 2;
+const EEXIST: i32 = 17;
+const EBUSY: i32 = 16;
+const EINVAL: i32 = 22;
+
+impl FakeKernel {
+    pub fn new() -> FakeKernel {
+        FakeKernel::default()
+    }
+
+    fn run(
+        &self,
+        family: IpFamily,
+        table: &str,
+        ops: &[Op<'_>],
+        phase: u8,
+    ) -> Result<BTreeMap<(IpFamily, String), WireTable>, Vec<RejectedOp>> {
+        let mut tables = self.tables.clone();
+        let key = (family, table.to_owned());
+        let before = tables.get(&key).cloned();
+        let desc = format!("table {} {table}", family_keyword(family));
+        let mut errors = Vec::new();
+        for op in ops {
+            if let Err((errno, object)) = apply_op(&mut tables, &key, before.as_ref(), op, &desc) {
+                errors.push(RejectedOp {
+                    op: op.kind(),
+                    object,
+                    origin: None,
+                    errno: io::Error::from_raw_os_error(errno),
+                    ext_ack: None,
+                    ext_ack_offset: None,
+                    phase,
+                });
+            }
+        }
+        if errors.is_empty() {
+            Ok(tables)
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+type OpErr = (i32, String);
+
+fn apply_op(
+    tables: &mut BTreeMap<(IpFamily, String), WireTable>,
+    key: &(IpFamily, String),
+    before: Option<&WireTable>,
+    op: &Op<'_>,
+    desc: &str,
+) -> Result<(), OpErr> {
+    if let Op::AddTable { flags, userdata } = op {
+        let t = tables.entry(key.clone()).or_insert_with(|| {
+            let mut t = WireTable::new(key.0, &key.1);
+            t.userdata = userdata.to_vec();
+            t
+        });
+        t.flags = *flags;
+        return Ok(());
+    }
+    let Some(t) = tables.get_mut(key) else {
+        return Err((ENOENT, desc.to_owned()));
+    };
+    match op {
+        Op::AddTable { .. } => {}
+        Op::AddChain { name, chain } => {
+            if t.chains.contains_key(*name) {
+                return Err((EEXIST, format!("chain {name} of {desc}")));
+            }
+            let mut c = (*chain).clone();
+            c.rules.clear();
+            t.add_chain(name, c);
+        }
+        Op::DelChain { name } => {
+            if !t.chains.contains_key(*name) {
+                return Err((ENOENT, format!("chain {name} of {desc}")));
+            }
+            let by_rule = t
+                .chains
+                .iter()
+                .filter(|(n, _)| n.as_str() != *name)
+                .any(|(_, c)| c.rules.iter().any(|r| r.chain_refs().any(|x| x == *name)));
+            // Before kernel 6.2, element references are released only at commit: an element
+            // removed in this transaction still holds the chain.
+            let elem_ref = |t: &WireTable| {
+                t.sets.values().any(|s| {
+                    s.elements
+                        .values()
+                        .any(|e| e.data.as_ref().and_then(|d| d.chain()) == Some(*name))
+                })
+            };
+            if by_rule || elem_ref(t) || before.is_some_and(elem_ref) {
+                return Err((EBUSY, format!("chain {name} of {desc}")));
+            }
+            t.chains.remove(*name);
+            t.chain_order.retain(|n| n != name);
+        }
+        Op::FlushChain { name } => match t.chains.get_mut(*name) {
+            Some(c) => c.rules.clear(),
+            None => return Err((ENOENT, format!("chain {name} of {desc}"))),
+        },
+        Op::AddRule { chain, index, rule } => {
+            let object = format!("rule {} of chain {chain} of {desc}", index + 1);
+            for s in rule.set_refs() {
+                if !t.sets.contains_key(&s) {
+                    return Err((ENOENT, object));
+                }
+            }
+            for c in rule.chain_refs() {
+                if !t.chains.contains_key(&c) {
+                    return Err((ENOENT, object));
+                }
+            }
+            match t.chains.get_mut(*chain) {
+                Some(c) => c.rules.push((*rule).clone()),
+                None => return Err((ENOENT, object)),
+            }
+        }
+        Op::AddSet { name, set } => {
+            if t.sets.contains_key(*name) {
+                return Err((EEXIST, set.describe(name, desc)));
+            }
+            let mut s = (*set).clone();
+            s.elements.clear();
+            t.add_set(name, s);
+        }
+        Op::DelSet { name } => {
+            if !t.sets.contains_key(*name) {
+                return Err((ENOENT, format!("set {name} of {desc}")));
+            }
+            if t.chains
+                .values()
+                .any(|c| c.rules.iter().any(|r| r.set_refs().any(|s| s == *name)))
+            {
+                return Err((EBUSY, format!("set {name} of {desc}")));
+            }
+            t.sets.remove(*name);
+            t.set_order.retain(|n| n != name);
+        }
+        Op::AddElems { set, elems, .. } => {
+            let chains: Vec<String> = t.chains.keys().cloned().collect();
+            let Some(s) = t.sets.get_mut(*set) else {
+                return Err((ENOENT, format!("set {set} of {desc}")));
+            };
+            for (k, e) in elems {
+                let object = format!("element {} in {}", s.format_key(k), s.describe(set, desc));
+                if k.len() != s.key_len as usize {
+                    return Err((EINVAL, object));
+                }
+                if s.elements.contains_key(*k) {
+                    return Err((EEXIST, object));
+                }
+                if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
+                    && !chains.iter().any(|x| x == c)
+                {
+                    return Err((ENOENT, object));
+                }
+                s.elements.insert((*k).into(), (*e).clone());
+            }
+        }
+        Op::DelElems { set, elems, .. } => {
+            let Some(s) = t.sets.get_mut(*set) else {
+                return Err((ENOENT, format!("set {set} of {desc}")));
+            };
+            for (k, _) in elems {
+                if s.elements.remove(*k).is_none() {
+                    return Err((
+                        ENOENT,
+                        format!("element {} in {}", s.format_key(k), s.describe(set, desc)),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Kernel for FakeKernel {
+    fn read_table(&mut self, family: IpFamily, name: &str) -> Result<Option<WireTable>, NftError> {
+        Ok(self.tables.get(&(family, name.to_owned())).map(|t| {
+            let mut t = t.clone();
+            // The kernel does not store origins.
+            for s in t.sets.values_mut() {
+                for e in s.elements.values_mut() {
+                    e.origin = None;
+                }
+            }
+            t
+        }))
+    }
+
+    fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError> {
+        let mut stats = ApplyStats::default();
+        for (phase, ops) in [(1u8, &plan.phase1), (2, &plan.phase2)] {
+            if ops.is_empty() {
+                continue;
+            }
+            match self.run(plan.family, &plan.table, ops, phase) {
+                Ok(t) => {
+                    self.tables = t;
+                    self.transactions += 1;
+                    stats.messages += ops.len() + 2;
+                }
+                Err(errors) => return Err(NftError::Rejected { errors }),
+            }
+        }
+        Ok(stats)
+    }
+
+    fn delete_tables(&mut self, name: &str) -> Result<usize, NftError> {
+        let before = self.tables.len();
+        self.tables.retain(|(_, n), _| n != name);
+        Ok(before - self.tables.len())
+    }
+}

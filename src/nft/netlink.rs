@@ -1,0 +1,1036 @@
+//! The netlink backend: one nfnetlink batch per transaction, sent with one `send`, replies
+//! collected without waiting for acks that never come; dumps of our table.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+use nix::sys::socket::{setsockopt, sockopt};
+
+use super::diff::{Op, Plan};
+use super::msg::*;
+use super::wire::{
+    self, WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable,
+    expr_attr_type, nfproto,
+};
+use super::{ApplyStats, Kernel, NftError, RejectedOp};
+use crate::model::{IpFamily, ServicePortName};
+
+// nf_tables message types.
+const NEWTABLE: u16 = 0;
+const GETTABLE: u16 = 1;
+const DELTABLE: u16 = 2;
+const NEWCHAIN: u16 = 3;
+const GETCHAIN: u16 = 4;
+const DELCHAIN: u16 = 5;
+const NEWRULE: u16 = 6;
+const GETRULE: u16 = 7;
+const DELRULE: u16 = 8;
+const NEWSET: u16 = 9;
+const GETSET: u16 = 10;
+const DELSET: u16 = 11;
+const NEWSETELEM: u16 = 12;
+const GETSETELEM: u16 = 13;
+const DELSETELEM: u16 = 14;
+
+// Attributes.
+const TABLE_NAME: u16 = 1;
+const TABLE_FLAGS: u16 = 2;
+const TABLE_USERDATA: u16 = 6;
+const CHAIN_TABLE: u16 = 1;
+const CHAIN_NAME: u16 = 3;
+const CHAIN_HOOK: u16 = 4;
+const CHAIN_POLICY: u16 = 5;
+const CHAIN_TYPE: u16 = 7;
+const CHAIN_USERDATA: u16 = 12;
+const HOOK_HOOKNUM: u16 = 1;
+const HOOK_PRIORITY: u16 = 2;
+const RULE_TABLE: u16 = 1;
+const RULE_CHAIN: u16 = 2;
+const RULE_EXPRESSIONS: u16 = 4;
+const LIST_ELEM: u16 = 1;
+const EXPR_NAME: u16 = 1;
+const EXPR_DATA: u16 = 2;
+const SET_TABLE: u16 = 1;
+const SET_NAME: u16 = 2;
+const SET_FLAGS: u16 = 3;
+const SET_KEY_TYPE: u16 = 4;
+const SET_KEY_LEN: u16 = 5;
+const SET_DATA_TYPE: u16 = 6;
+const SET_DATA_LEN: u16 = 7;
+const SET_USERDATA: u16 = 13;
+const SET_ID: u16 = 10;
+const ELEM_LIST_TABLE: u16 = 1;
+const ELEM_LIST_SET: u16 = 2;
+const ELEM_LIST_ELEMENTS: u16 = 3;
+const ELEM_KEY: u16 = 1;
+const ELEM_DATA: u16 = 2;
+const ELEM_USERDATA: u16 = 6;
+
+const DATA_VALUE: u16 = 1;
+
+/// Element lists are split so that each message's element nest stays well below the 16-bit
+/// attribute length limit.
+const ELEMS_PER_MSG_MAX: usize = 1000;
+const ELEM_NEST_BYTES_MAX: usize = 32 * 1024;
+
+/// Never wait longer than this for replies after a send (the kernel queues every reply inside
+/// `sendmsg`, so this only bounds pathological cases).
+const RECV_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn io_err(context: &str) -> impl FnOnce(io::Error) -> NftError + '_ {
+    move |source| NftError::Io {
+        context: context.to_owned(),
+        source,
+    }
+}
+
+/// Which op (and which part of it) one message of a batch carries.
+struct LedgerEntry {
+    seq: u32,
+    op: usize,
+    /// Offset of the message in the batch buffer.
+    start: usize,
+    /// For element messages: the range of the op's elements in this message.
+    elems: (usize, usize),
+}
+
+/// One encoded batch and the ledger mapping each message back to its op.
+pub struct Batch {
+    pub buf: Vec<u8>,
+    ledger: Vec<LedgerEntry>,
+    end_seq: u32,
+    pub messages: usize,
+}
+
+/// Encodes `ops` as one batch: BATCH_BEGIN, the ops, BATCH_END (the only message with an ack
+/// request; acking every message would overflow the receive buffer at scale).
+pub fn encode_batch(
+    family: IpFamily,
+    table: &str,
+    ops: &[Op<'_>],
+    first_seq: u32,
+) -> Result<Batch, NftError> {
+    let fam = nfproto(family);
+    let mut b = Batch {
+        buf: Vec::with_capacity(4096),
+        ledger: Vec::new(),
+        end_seq: 0,
+        messages: 0,
+    };
+    let mut seq = first_seq;
+    let s = begin_msg(
+        &mut b.buf,
+        NFNL_MSG_BATCH_BEGIN,
+        NLM_F_REQUEST,
+        seq,
+        0,
+        NFNL_SUBSYS_NFTABLES,
+    );
+    end(&mut b.buf, s)?;
+    // Pre-size for element-heavy batches (~64 bytes per element) to avoid repeated growth.
+    let n_elems: usize = ops
+        .iter()
+        .map(|o| match o {
+            Op::AddElems { elems, .. } | Op::DelElems { elems, .. } => elems.len(),
+            _ => 0,
+        })
+        .sum();
+    b.buf.reserve(n_elems * 64);
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            Op::AddElems { set, elems, .. } | Op::DelElems { set, elems, .. } => {
+                let (ty, flags) = if matches!(op, Op::AddElems { .. }) {
+                    (NEWSETELEM, NLM_F_CREATE | NLM_F_EXCL)
+                } else {
+                    (DELSETELEM, 0)
+                };
+                let mut at = 0;
+                while at < elems.len() {
+                    seq += 1;
+                    let start =
+                        begin_msg(&mut b.buf, nft_type(ty), NLM_F_REQUEST | flags, seq, fam, 0);
+                    put_str(&mut b.buf, ELEM_LIST_TABLE, table);
+                    put_str(&mut b.buf, ELEM_LIST_SET, set);
+                    let nest = nest_begin(&mut b.buf, ELEM_LIST_ELEMENTS | NLA_F_NESTED);
+                    let first = at;
+                    while at < elems.len()
+                        && at - first < ELEMS_PER_MSG_MAX
+                        && b.buf.len() - nest < ELEM_NEST_BYTES_MAX
+                    {
+                        let (key, e) = elems[at];
+                        encode_elem(&mut b.buf, key, e, ty == NEWSETELEM);
+                        at += 1;
+                    }
+                    nest_end(&mut b.buf, nest).map_err(|_| too_long("element list"))?;
+                    end(&mut b.buf, start)?;
+                    b.ledger.push(LedgerEntry {
+                        seq,
+                        op: i,
+                        start,
+                        elems: (first, at),
+                    });
+                }
+            }
+            _ => {
+                seq += 1;
+                let start = encode_op(&mut b.buf, fam, table, op, seq)?;
+                b.ledger.push(LedgerEntry {
+                    seq,
+                    op: i,
+                    start,
+                    elems: (0, 0),
+                });
+            }
+        }
+    }
+    seq += 1;
+    b.end_seq = seq;
+    let s = begin_msg(
+        &mut b.buf,
+        NFNL_MSG_BATCH_END,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        0,
+        NFNL_SUBSYS_NFTABLES,
+    );
+    end(&mut b.buf, s)?;
+    b.messages = b.ledger.len() + 2;
+    Ok(b)
+}
+
+fn too_long(what: &str) -> NftError {
+    NftError::Protocol(format!("{what} too long for a netlink attribute"))
+}
+
+fn end(buf: &mut [u8], start: usize) -> Result<(), NftError> {
+    end_msg(buf, start).map_err(|_| too_long("message"))
+}
+
+fn encode_elem(buf: &mut Vec<u8>, key: &[u8], e: &WireElem, with_data: bool) {
+    let el = nest_begin(buf, LIST_ELEM | NLA_F_NESTED);
+    let k = nest_begin(buf, ELEM_KEY | NLA_F_NESTED);
+    put_attr(buf, DATA_VALUE, key);
+    let _ = nest_end(buf, k);
+    if with_data {
+        if let Some(d) = &e.data {
+            let n = nest_begin(buf, ELEM_DATA | NLA_F_NESTED);
+            wire::encode_data(d, buf);
+            let _ = nest_end(buf, n);
+        }
+        if let Some(u) = &e.userdata {
+            put_attr(buf, ELEM_USERDATA, u);
+        }
+    }
+    // An element is at most a few hundred bytes: its nests cannot overflow.
+    let _ = nest_end(buf, el);
+}
+
+fn encode_op(
+    buf: &mut Vec<u8>,
+    fam: u8,
+    table: &str,
+    op: &Op<'_>,
+    seq: u32,
+) -> Result<usize, NftError> {
+    let start;
+    match op {
+        Op::AddTable { flags, userdata } => {
+            start = begin_msg(
+                buf,
+                nft_type(NEWTABLE),
+                NLM_F_REQUEST | NLM_F_CREATE,
+                seq,
+                fam,
+                0,
+            );
+            put_str(buf, TABLE_NAME, table);
+            put_u32_be(buf, TABLE_FLAGS, *flags);
+            if !userdata.is_empty() {
+                put_attr(buf, TABLE_USERDATA, userdata);
+            }
+        }
+        Op::AddChain { name, chain } => {
+            start = begin_msg(
+                buf,
+                nft_type(NEWCHAIN),
+                NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL,
+                seq,
+                fam,
+                0,
+            );
+            put_str(buf, CHAIN_TABLE, table);
+            put_str(buf, CHAIN_NAME, name);
+            if let Some(h) = &chain.hook {
+                let n = nest_begin(buf, CHAIN_HOOK | NLA_F_NESTED);
+                put_u32_be(buf, HOOK_HOOKNUM, h.hooknum);
+                put_u32_be(buf, HOOK_PRIORITY, h.priority as u32);
+                let _ = nest_end(buf, n);
+                put_u32_be(buf, CHAIN_POLICY, h.policy);
+                put_str(buf, CHAIN_TYPE, &h.kind);
+            }
+            if !chain.userdata.is_empty() {
+                put_attr(buf, CHAIN_USERDATA, &chain.userdata);
+            }
+        }
+        Op::DelChain { name } => {
+            start = begin_msg(buf, nft_type(DELCHAIN), NLM_F_REQUEST, seq, fam, 0);
+            put_str(buf, CHAIN_TABLE, table);
+            put_str(buf, CHAIN_NAME, name);
+        }
+        Op::FlushChain { name } => {
+            start = begin_msg(buf, nft_type(DELRULE), NLM_F_REQUEST, seq, fam, 0);
+            put_str(buf, RULE_TABLE, table);
+            put_str(buf, RULE_CHAIN, name);
+        }
+        Op::AddRule { chain, rule, .. } => {
+            start = begin_msg(
+                buf,
+                nft_type(NEWRULE),
+                NLM_F_REQUEST | NLM_F_CREATE | NLM_F_APPEND,
+                seq,
+                fam,
+                0,
+            );
+            put_str(buf, RULE_TABLE, table);
+            put_str(buf, RULE_CHAIN, chain);
+            let list = nest_begin(buf, RULE_EXPRESSIONS | NLA_F_NESTED);
+            for e in &rule.exprs {
+                let el = nest_begin(buf, LIST_ELEM | NLA_F_NESTED);
+                put_str(buf, EXPR_NAME, &e.name);
+                let d = nest_begin(buf, EXPR_DATA | NLA_F_NESTED);
+                for (ty, v) in &e.attrs {
+                    put_attr(buf, expr_attr_type(&e.name, *ty), v);
+                }
+                nest_end(buf, d).map_err(|_| too_long("expression"))?;
+                nest_end(buf, el).map_err(|_| too_long("expression"))?;
+            }
+            nest_end(buf, list).map_err(|_| too_long("rule"))?;
+        }
+        Op::AddSet { name, set } => {
+            start = begin_msg(
+                buf,
+                nft_type(NEWSET),
+                NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL,
+                seq,
+                fam,
+                0,
+            );
+            put_str(buf, SET_TABLE, table);
+            put_str(buf, SET_NAME, name);
+            // NFTA_SET_ID is mandatory (the kernel returns EINVAL without it); it only needs
+            // to be unique within the batch, and we reference sets by name.
+            put_u32_be(buf, SET_ID, seq);
+            put_u32_be(buf, SET_FLAGS, set.flags);
+            put_u32_be(buf, SET_KEY_TYPE, set.key_type);
+            put_u32_be(buf, SET_KEY_LEN, set.key_len);
+            if let Some(t) = set.data_type {
+                put_u32_be(buf, SET_DATA_TYPE, t);
+            }
+            if let Some(l) = set.data_len {
+                put_u32_be(buf, SET_DATA_LEN, l);
+            }
+            if !set.userdata.is_empty() {
+                put_attr(buf, SET_USERDATA, &set.userdata);
+            }
+        }
+        Op::DelSet { name } => {
+            start = begin_msg(buf, nft_type(DELSET), NLM_F_REQUEST, seq, fam, 0);
+            put_str(buf, SET_TABLE, table);
+            put_str(buf, SET_NAME, name);
+        }
+        Op::AddElems { .. } | Op::DelElems { .. } => {
+            return Err(NftError::Protocol(
+                "element ops are encoded by encode_batch".into(),
+            ));
+        }
+    }
+    end(buf, start)?;
+    Ok(start)
+}
+
+/// Describes the object an op (or the element at `elem`) works on, and the Service behind it.
+fn describe(
+    plan_table: &str,
+    op: &Op<'_>,
+    elem: Option<usize>,
+    range: (usize, usize),
+) -> (String, Option<ServicePortName>) {
+    match op {
+        Op::AddTable { .. } => (plan_table.to_owned(), None),
+        Op::AddChain { name, .. } | Op::DelChain { name } | Op::FlushChain { name } => {
+            (format!("chain {name} of {plan_table}"), None)
+        }
+        Op::AddRule { chain, index, .. } => (
+            format!("rule {} of chain {chain} of {plan_table}", index + 1),
+            None,
+        ),
+        Op::AddSet { name, set } => (set.describe(name, plan_table), None),
+        Op::DelSet { name } => (format!("set {name} of {plan_table}"), None),
+        Op::AddElems { set, def, elems } | Op::DelElems { set, def, elems } => {
+            let what = def.describe(set, plan_table);
+            match elem.and_then(|i| elems.get(i)) {
+                Some((k, e)) => {
+                    let mut s = format!("element {}", def.format_key(k));
+                    if let Some(d) = &e.data {
+                        s.push_str(&format!(" : {}", format_data(def, d)));
+                    }
+                    (format!("{s} in {what}"), e.origin.clone())
+                }
+                None => {
+                    let (a, b) = range;
+                    let first = elems
+                        .get(a)
+                        .map(|(k, _)| def.format_key(k))
+                        .unwrap_or_default();
+                    let origin = if b - a == 1 {
+                        elems.get(a).and_then(|e| e.1.origin.clone())
+                    } else {
+                        None
+                    };
+                    (
+                        format!("{} element(s) starting at {first} in {what}", b - a),
+                        origin,
+                    )
+                }
+            }
+        }
+    }
+}
+
+fn format_data(def: &WireSet, d: &WireData) -> String {
+    match d {
+        WireData::Value(v) => wire::format_concat(def.data_type.unwrap_or(0), v),
+        WireData::Verdict { code, chain } => {
+            let word = match *code {
+                wire::NF_ACCEPT => "accept",
+                wire::NF_DROP => "drop",
+                wire::NFT_JUMP => "jump",
+                wire::NFT_GOTO => "goto",
+                wire::NFT_RETURN => "return",
+                wire::NFT_CONTINUE => "continue",
+                _ => "verdict",
+            };
+            match chain {
+                Some(c) => format!("{word} {c}"),
+                None => word.to_owned(),
+            }
+        }
+    }
+}
+
+/// Finds which element of an element message the ext-ack offset points into.
+fn elem_at_offset(batch: &[u8], msg_start: usize, offset: u32) -> Option<usize> {
+    let msg = batch.get(msg_start..)?;
+    let len = ne_u32(msg)? as usize;
+    let attrs_start = NLMSG_HDRLEN + NFGEN_HDRLEN;
+    let attrs = msg.get(attrs_start..len)?;
+    for (ty, payload, at) in Attrs::new(attrs) {
+        if ty & NLA_TYPE_MASK == ELEM_LIST_ELEMENTS {
+            let base = attrs_start + at + 4;
+            for (i, (_, p, eat)) in Attrs::new(payload).enumerate() {
+                let s = base + eat;
+                if (offset as usize) >= s && (offset as usize) < s + 4 + p.len() {
+                    return Some(i);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The netlink backend.
+pub struct NetlinkKernel {
+    sock: Socket,
+    seq: u32,
+    rbuf: Vec<u8>,
+}
+
+impl NetlinkKernel {
+    pub fn new() -> Result<NetlinkKernel, NftError> {
+        let mut sock =
+            Socket::new(NETLINK_NETFILTER).map_err(io_err("open netfilter netlink socket"))?;
+        sock.bind_auto().map_err(io_err("bind netlink socket"))?;
+        sock.set_ext_ack(true)
+            .map_err(io_err("set NETLINK_EXT_ACK"))?;
+        // Errors then echo only the failing message's header, not the whole message.
+        sock.set_cap_ack(true)
+            .map_err(io_err("set NETLINK_CAP_ACK"))?;
+        // Room for many error replies and for dump batches.
+        let _ = setsockopt(&sock, sockopt::RcvBufForce, &(8 << 20));
+        let tv = nix::sys::time::TimeVal::new(RECV_TIMEOUT.as_secs() as i64, 0);
+        setsockopt(&sock, sockopt::ReceiveTimeout, &tv).map_err(|e| NftError::Io {
+            context: "set SO_RCVTIMEO".into(),
+            source: e.into(),
+        })?;
+        let seq = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(1);
+        Ok(NetlinkKernel {
+            sock,
+            seq,
+            rbuf: Vec::with_capacity(1 << 20),
+        })
+    }
+
+    fn next_seq(&mut self, n: usize) -> u32 {
+        let s = self.seq.wrapping_add(1);
+        self.seq = self.seq.wrapping_add(n as u32 + 2);
+        s
+    }
+
+    fn recv(&mut self, flags: i32) -> io::Result<usize> {
+        self.rbuf.clear();
+        self.rbuf.reserve(1 << 20);
+        self.sock.recv(&mut self.rbuf, flags)
+    }
+
+    /// Sends one transaction and collects every error the kernel reports.
+    fn send_batch(
+        &mut self,
+        plan: &Plan<'_>,
+        ops: &[Op<'_>],
+        phase: u8,
+        stats: &mut ApplyStats,
+    ) -> Result<(), NftError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let n_msgs_hint = ops.len();
+        let seq0 = self.next_seq(n_msgs_hint);
+        let batch = encode_batch(plan.family, &plan.table, ops, seq0)?;
+        // Keep our seq counter past every message of this batch.
+        self.seq = batch.end_seq.wrapping_add(1);
+        stats.encode += t0.elapsed();
+        stats.messages += batch.messages;
+        stats.bytes += batch.buf.len();
+
+        let t1 = Instant::now();
+        // The whole batch must fit the send buffer or the kernel returns EMSGSIZE; the kernel
+        // doubles the value and subtracts its own overhead, so ask for the size plus slack.
+        let want = batch
+            .buf
+            .len()
+            .saturating_add(1 << 16)
+            .min(i32::MAX as usize);
+        setsockopt(&self.sock, sockopt::SndBufForce, &want).map_err(|e| NftError::Io {
+            context: "set SO_SNDBUFFORCE (needs CAP_NET_ADMIN)".into(),
+            source: e.into(),
+        })?;
+        let sent = self
+            .sock
+            .send(&batch.buf, 0)
+            .map_err(io_err("send nftables batch"))?;
+        if sent != batch.buf.len() {
+            return Err(NftError::Protocol(format!(
+                "short send: {sent} of {} bytes",
+                batch.buf.len()
+            )));
+        }
+        let first = batch.ledger.first().map(|l| l.seq).unwrap_or(seq0);
+        let mut errors = Vec::new();
+        let mut end_acked = false;
+        let mut unknown = None;
+        // nfnetlink processes the whole batch inside sendmsg and queues every reply there, so
+        // everything is already waiting: read without blocking until the socket is empty. On
+        // success, kernels ≥ 6.10 ack BATCH_END; on failure nothing acks it.
+        loop {
+            match self.recv(nix::libc::MSG_DONTWAIT) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => {
+                    unknown =
+                        Some("receive buffer overflowed (ENOBUFS): replies were lost".to_owned());
+                    continue;
+                }
+                Err(e) => {
+                    return Err(NftError::Io {
+                        context: "receive nftables replies".into(),
+                        source: e,
+                    });
+                }
+            }
+            for m in messages(&self.rbuf) {
+                if m.ty != NLMSG_ERROR {
+                    continue;
+                }
+                let Some(code) = m
+                    .payload
+                    .get(..4)
+                    .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                else {
+                    continue;
+                };
+                // The echoed request header tells which message failed.
+                let Some(req) = m.payload.get(4..20) else {
+                    continue;
+                };
+                let req_seq = ne_u32(&req[8..]).unwrap_or(0);
+                if code == 0 {
+                    if req_seq == batch.end_seq {
+                        end_acked = true;
+                    }
+                    continue;
+                }
+                let (msg_text, offset) = parse_ext_ack(m.flags, m.payload);
+                let entry = batch.ledger.iter().find(|l| l.seq == req_seq);
+                let (op_kind, object, origin) = match entry {
+                    Some(l) => {
+                        let op = &ops[l.op];
+                        let elem = match (op, offset) {
+                            (Op::AddElems { .. } | Op::DelElems { .. }, Some(off)) => {
+                                elem_at_offset(&batch.buf, l.start, off).map(|i| l.elems.0 + i)
+                            }
+                            (Op::AddElems { .. } | Op::DelElems { .. }, None)
+                                if l.elems.1 - l.elems.0 == 1 =>
+                            {
+                                Some(l.elems.0)
+                            }
+                            _ => None,
+                        };
+                        let (object, origin) = describe(&plan.table_desc(), op, elem, l.elems);
+                        (op.kind(), object, origin)
+                    }
+                    None if req_seq < first || req_seq >= batch.end_seq => (
+                        "batch",
+                        format!("transaction on {}", plan.table_desc()),
+                        None,
+                    ),
+                    None => ("unknown", format!("message seq {req_seq}"), None),
+                };
+                errors.push(RejectedOp {
+                    op: op_kind,
+                    object,
+                    origin,
+                    errno: io::Error::from_raw_os_error(-code),
+                    ext_ack: msg_text,
+                    ext_ack_offset: offset,
+                    phase,
+                });
+            }
+        }
+        stats.kernel += t1.elapsed();
+        if !errors.is_empty() {
+            return Err(NftError::Rejected { errors });
+        }
+        if let Some(u) = unknown {
+            return Err(NftError::Unknown(u));
+        }
+        // Kernels before 6.10 do not ack BATCH_END at all: no error is success there.
+        stats.batch_end_acked |= end_acked;
+        Ok(())
+    }
+
+    /// Sends a dump request and returns every reply message's payload (after the netlink
+    /// header). `Ok(None)` when the kernel answers ENOENT.
+    fn dump(
+        &mut self,
+        fam: u8,
+        ty: u16,
+        attrs: &[(u16, &str)],
+    ) -> Result<Option<Vec<Vec<u8>>>, NftError> {
+        let seq = self.next_seq(1);
+        let mut req = Vec::with_capacity(64);
+        let s = begin_msg(
+            &mut req,
+            nft_type(ty),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            seq,
+            fam,
+            0,
+        );
+        for (t, v) in attrs {
+            put_str(&mut req, *t, v);
+        }
+        end(&mut req, s)?;
+        self.sock
+            .send(&req, 0)
+            .map_err(io_err("send dump request"))?;
+        let mut out = Vec::new();
+        loop {
+            self.recv(0).map_err(io_err("receive dump"))?;
+            let mut done = false;
+            for m in messages(&self.rbuf) {
+                if m.seq != seq {
+                    continue;
+                }
+                if m.flags & NLM_F_DUMP_INTR != 0 {
+                    return Err(NftError::Interrupted);
+                }
+                match m.ty {
+                    NLMSG_DONE => done = true,
+                    NLMSG_ERROR => {
+                        let code = m
+                            .payload
+                            .get(..4)
+                            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                            .unwrap_or(0);
+                        if code == -nix::libc::ENOENT {
+                            return Ok(None);
+                        }
+                        if code != 0 {
+                            return Err(NftError::Io {
+                                context: format!("dump nftables message type {ty}"),
+                                source: io::Error::from_raw_os_error(-code),
+                            });
+                        }
+                        done = true;
+                    }
+                    _ => out.push(m.payload.get(NFGEN_HDRLEN..).unwrap_or_default().to_vec()),
+                }
+            }
+            if done {
+                return Ok(Some(out));
+            }
+        }
+    }
+
+    fn read_table_once(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<WireTable>, NftError> {
+        let fam = nfproto(family);
+        let Some(tables) = self.dump(fam, GETTABLE, &[])? else {
+            return Ok(None);
+        };
+        let mut table = None;
+        for t in &tables {
+            let mut tname = String::new();
+            let mut flags = 0;
+            let mut ud = Vec::new();
+            for (ty, p, _) in Attrs::new(t) {
+                match ty & NLA_TYPE_MASK {
+                    TABLE_NAME => tname = cstr(p),
+                    TABLE_FLAGS => flags = be_u32(p).unwrap_or(0),
+                    TABLE_USERDATA => ud = p.to_vec(),
+                    _ => {}
+                }
+            }
+            if tname == name {
+                let mut w = WireTable::new(family, name);
+                w.flags = flags;
+                w.userdata = ud;
+                table = Some(w);
+            }
+        }
+        let Some(mut w) = table else { return Ok(None) };
+
+        for c in self
+            .dump(fam, GETCHAIN, &[(CHAIN_TABLE, name)])?
+            .unwrap_or_default()
+        {
+            let (mut tname, mut cname) = (String::new(), String::new());
+            let mut chain = WireChain::default();
+            let mut hook: Option<WireHook> = None;
+            let (mut policy, mut kind) = (None, None);
+            for (ty, p, _) in Attrs::new(&c) {
+                match ty & NLA_TYPE_MASK {
+                    CHAIN_TABLE => tname = cstr(p),
+                    CHAIN_NAME => cname = cstr(p),
+                    CHAIN_HOOK => {
+                        let mut h = WireHook {
+                            hooknum: 0,
+                            priority: 0,
+                            kind: String::new(),
+                            policy: 0,
+                        };
+                        for (t, q, _) in Attrs::new(p) {
+                            match t & NLA_TYPE_MASK {
+                                HOOK_HOOKNUM => h.hooknum = be_u32(q).unwrap_or(0),
+                                HOOK_PRIORITY => h.priority = be_u32(q).unwrap_or(0) as i32,
+                                _ => {}
+                            }
+                        }
+                        hook = Some(h);
+                    }
+                    CHAIN_POLICY => policy = be_u32(p),
+                    CHAIN_TYPE => kind = Some(cstr(p)),
+                    CHAIN_USERDATA => chain.userdata = p.to_vec(),
+                    _ => {}
+                }
+            }
+            if tname != name {
+                continue;
+            }
+            if let Some(mut h) = hook {
+                h.policy = policy.unwrap_or(0);
+                h.kind = kind.unwrap_or_default();
+                chain.hook = Some(h);
+            }
+            w.add_chain(&cname, chain);
+        }
+
+        for r in self
+            .dump(fam, GETRULE, &[(RULE_TABLE, name)])?
+            .unwrap_or_default()
+        {
+            let (mut tname, mut cname) = (String::new(), String::new());
+            let mut rule = WireRule::default();
+            for (ty, p, _) in Attrs::new(&r) {
+                match ty & NLA_TYPE_MASK {
+                    RULE_TABLE => tname = cstr(p),
+                    RULE_CHAIN => cname = cstr(p),
+                    RULE_EXPRESSIONS => {
+                        for (_, e, _) in Attrs::new(p) {
+                            rule.exprs.push(parse_expr(e));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if tname != name {
+                continue;
+            }
+            if let Some(c) = w.chains.get_mut(&cname) {
+                c.rules.push(rule);
+            }
+        }
+
+        let mut chain_names: BTreeMap<String, Arc<str>> = BTreeMap::new();
+        let sets = self
+            .dump(fam, GETSET, &[(SET_TABLE, name)])?
+            .unwrap_or_default();
+        for s in sets {
+            let (mut tname, mut sname) = (String::new(), String::new());
+            let mut set = WireSet {
+                flags: 0,
+                key_type: 0,
+                key_len: 0,
+                data_type: None,
+                data_len: None,
+                userdata: Vec::new(),
+                elements: BTreeMap::new(),
+            };
+            for (ty, p, _) in Attrs::new(&s) {
+                match ty & NLA_TYPE_MASK {
+                    SET_TABLE => tname = cstr(p),
+                    SET_NAME => sname = cstr(p),
+                    SET_FLAGS => set.flags = be_u32(p).unwrap_or(0),
+                    SET_KEY_TYPE => set.key_type = be_u32(p).unwrap_or(0),
+                    SET_KEY_LEN => set.key_len = be_u32(p).unwrap_or(0),
+                    SET_DATA_TYPE => set.data_type = be_u32(p),
+                    SET_DATA_LEN => set.data_len = be_u32(p),
+                    SET_USERDATA => set.userdata = p.to_vec(),
+                    _ => {}
+                }
+            }
+            if tname != name {
+                continue;
+            }
+            let elems = self
+                .dump(
+                    fam,
+                    GETSETELEM,
+                    &[(ELEM_LIST_TABLE, name), (ELEM_LIST_SET, &sname)],
+                )?
+                .unwrap_or_default();
+            for m in elems {
+                for (ty, p, _) in Attrs::new(&m) {
+                    if ty & NLA_TYPE_MASK != ELEM_LIST_ELEMENTS {
+                        continue;
+                    }
+                    for (_, e, _) in Attrs::new(p) {
+                        if let Some((k, el)) = parse_elem(e, &mut chain_names) {
+                            set.elements.insert(k, el);
+                        }
+                    }
+                }
+            }
+            w.add_set(&sname, set);
+        }
+        Ok(Some(w))
+    }
+}
+
+fn parse_ext_ack(flags: u16, payload: &[u8]) -> (Option<String>, Option<u32>) {
+    if flags & NLM_F_ACK_TLVS == 0 {
+        return (None, None);
+    }
+    // error code, then the echoed request: its header only when capped.
+    let echoed = if flags & NLM_F_CAPPED != 0 {
+        NLMSG_HDRLEN
+    } else {
+        payload
+            .get(4..8)
+            .and_then(ne_u32)
+            .map(|l| l as usize)
+            .unwrap_or(NLMSG_HDRLEN)
+    };
+    let start = 4 + ((echoed + 3) & !3);
+    let (mut text, mut off) = (None, None);
+    for (ty, p, _) in Attrs::new(payload.get(start..).unwrap_or_default()) {
+        match ty & NLA_TYPE_MASK {
+            NLMSGERR_ATTR_MSG => text = Some(cstr(p)).filter(|s| !s.is_empty()),
+            NLMSGERR_ATTR_OFFS => off = ne_u32(p),
+            _ => {}
+        }
+    }
+    (text, off)
+}
+
+/// Parses one NFTA_LIST_ELEM of a rule's expressions into the canonical form.
+fn parse_expr(e: &[u8]) -> WireExpr {
+    let mut name = String::new();
+    let mut attrs = Vec::new();
+    for (ty, p, _) in Attrs::new(e) {
+        match ty & NLA_TYPE_MASK {
+            EXPR_NAME => name = cstr(p),
+            EXPR_DATA => {
+                for (t, q, _) in Attrs::new(p) {
+                    attrs.push((t & NLA_TYPE_MASK, q.to_vec()));
+                }
+            }
+            _ => {}
+        }
+    }
+    // Data nests: normalize to the form the kernel dumps (verdict nest without NLA_F_NESTED),
+    // which is also the form lowering produces.
+    for (t, v) in attrs.iter_mut() {
+        if WireExpr::is_nested(&name, *t)
+            && let Some(d) = wire::parse_data(v)
+        {
+            let mut n = Vec::new();
+            wire::encode_data(&d, &mut n);
+            *v = n;
+        }
+    }
+    WireExpr::new(&name, attrs)
+}
+
+fn parse_elem(e: &[u8], chains: &mut BTreeMap<String, Arc<str>>) -> Option<(Box<[u8]>, WireElem)> {
+    let mut key = None;
+    let mut elem = WireElem {
+        data: None,
+        userdata: None,
+        origin: None,
+    };
+    for (ty, p, _) in Attrs::new(e) {
+        match ty & NLA_TYPE_MASK {
+            ELEM_KEY => {
+                if let Some(WireData::Value(v)) = wire::parse_data(p) {
+                    key = Some(v);
+                }
+            }
+            ELEM_DATA => {
+                elem.data = wire::parse_data(p).map(|d| match d {
+                    WireData::Verdict {
+                        code,
+                        chain: Some(c),
+                    } => {
+                        let c = chains.entry(c.to_string()).or_insert(c).clone();
+                        WireData::Verdict {
+                            code,
+                            chain: Some(c),
+                        }
+                    }
+                    d => d,
+                });
+            }
+            ELEM_USERDATA => elem.userdata = Some(p.into()),
+            _ => {}
+        }
+    }
+    Some((key?, elem))
+}
+
+impl Kernel for NetlinkKernel {
+    fn read_table(&mut self, family: IpFamily, name: &str) -> Result<Option<WireTable>, NftError> {
+        // A dump interrupted by a concurrent change is retried (NLM_F_DUMP_INTR).
+        let mut last = NftError::Interrupted;
+        for _ in 0..5 {
+            match self.read_table_once(family, name) {
+                Err(NftError::Interrupted) => last = NftError::Interrupted,
+                r => return r,
+            }
+        }
+        Err(last)
+    }
+
+    fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError> {
+        let mut stats = ApplyStats::default();
+        self.send_batch(plan, &plan.phase1, 1, &mut stats)?;
+        self.send_batch(plan, &plan.phase2, 2, &mut stats)?;
+        Ok(stats)
+    }
+
+    fn delete_tables(&mut self, name: &str) -> Result<usize, NftError> {
+        let mut deleted = 0;
+        for family in IpFamily::ALL {
+            if self.read_table_once(family, name)?.is_none() {
+                continue;
+            }
+            let fam = nfproto(family);
+            let mut buf = Vec::new();
+            let seq = self.next_seq(1);
+            let s = begin_msg(
+                &mut buf,
+                NFNL_MSG_BATCH_BEGIN,
+                NLM_F_REQUEST,
+                seq,
+                0,
+                NFNL_SUBSYS_NFTABLES,
+            );
+            end(&mut buf, s)?;
+            let s = begin_msg(&mut buf, nft_type(DELTABLE), NLM_F_REQUEST, seq + 1, fam, 0);
+            put_str(&mut buf, TABLE_NAME, name);
+            end(&mut buf, s)?;
+            let s = begin_msg(
+                &mut buf,
+                NFNL_MSG_BATCH_END,
+                NLM_F_REQUEST | NLM_F_ACK,
+                seq + 2,
+                0,
+                NFNL_SUBSYS_NFTABLES,
+            );
+            end(&mut buf, s)?;
+            self.seq = seq + 3;
+            self.sock
+                .send(&buf, 0)
+                .map_err(io_err("send delete table"))?;
+            loop {
+                match self.recv(nix::libc::MSG_DONTWAIT) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        return Err(NftError::Io {
+                            context: "receive delete table reply".into(),
+                            source: e,
+                        });
+                    }
+                }
+                for m in messages(&self.rbuf) {
+                    if m.ty != NLMSG_ERROR {
+                        continue;
+                    }
+                    let code = m
+                        .payload
+                        .get(..4)
+                        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                        .unwrap_or(0);
+                    // Someone else deleted it meanwhile: fine.
+                    if code != 0 && code != -nix::libc::ENOENT {
+                        return Err(NftError::Rejected {
+                            errors: vec![RejectedOp {
+                                op: "delete table",
+                                object: format!("table {} {name}", wire::family_keyword(family)),
+                                origin: None,
+                                errno: io::Error::from_raw_os_error(-code),
+                                ext_ack: None,
+                                ext_ack_offset: None,
+                                phase: 1,
+                            }],
+                        });
+                    }
+                }
+            }
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+}

@@ -1,0 +1,240 @@
+//! Unit tests of lowering, diff and the fake kernel.
+
+use super::*;
+use crate::model::{Protocol, ServiceName};
+use crate::ruleset::*;
+
+fn origin(name: &str) -> ServicePortName {
+    ServicePortName {
+        service: ServiceName {
+            namespace: "ns".into(),
+            name: name.into(),
+        },
+        port: String::new(),
+        protocol: Protocol::Tcp,
+    }
+}
+
+fn svc_elem(last: u8, port: u16, chain: &str) -> Element {
+    Element {
+        key: vec![
+            Atom::Addr([10, 96, 0, last].into()),
+            Atom::Proto(Protocol::Tcp),
+            Atom::Port(port),
+        ],
+        data: Some(ElemData::Verdict(Verdict::Goto(chain.into()))),
+        comment: Some(format!("ns/svc{last}")),
+        origin: Some(origin(&format!("svc{last}"))),
+    }
+}
+
+fn table(elems: Vec<Element>, extra_chain: bool) -> Table {
+    let key = vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport];
+    let mut chains = vec![
+        Chain {
+            name: "prerouting".into(),
+            comment: String::new(),
+            base: Some(BaseChain {
+                kind: ChainType::Nat,
+                hook: Hook::Prerouting,
+                priority: -100,
+            }),
+            rules: vec![Rule::new(vec![Stmt::Vmap {
+                key: key.clone(),
+                map: "service-ips".into(),
+            }])],
+        },
+        Chain {
+            name: "a".into(),
+            comment: String::new(),
+            base: None,
+            rules: vec![Rule::new(vec![Stmt::Reject])],
+        },
+    ];
+    if extra_chain {
+        chains.push(Chain {
+            name: "b".into(),
+            comment: String::new(),
+            base: None,
+            rules: vec![],
+        });
+    }
+    Table {
+        family: IpFamily::V4,
+        name: "nodeproxy".into(),
+        comment: "t".into(),
+        sets: vec![Set {
+            name: "service-ips".into(),
+            comment: String::new(),
+            key,
+            data: Some(SetData::Verdict),
+            typeof_: false,
+            elements: elems,
+        }],
+        chains,
+    }
+}
+
+fn converge(k: &mut FakeKernel, t: &Table) -> SyncReport {
+    sync(
+        k,
+        &Ruleset {
+            tables: vec![t.clone()],
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn apply_read_diff_is_empty() {
+    let mut k = FakeKernel::new();
+    let t = table(vec![svc_elem(1, 80, "a"), svc_elem(2, 80, "a")], true);
+    converge(&mut k, &t);
+    let want = lower(&t).unwrap();
+    let got = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
+    assert_eq!(got, want);
+    assert!(diff(Some(&got), &want).is_empty());
+    let before = k.transactions;
+    let rep = converge(&mut k, &t);
+    assert_eq!(rep.empty_plans, 1);
+    assert_eq!(k.transactions, before, "an empty plan sends nothing");
+}
+
+#[test]
+fn one_changed_element_is_one_delete_and_one_add() {
+    let mut k = FakeKernel::new();
+    converge(
+        &mut k,
+        &table(vec![svc_elem(1, 80, "a"), svc_elem(2, 80, "a")], true),
+    );
+    let t2 = table(vec![svc_elem(1, 80, "a"), svc_elem(2, 80, "b")], true);
+    let cur = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
+    let want = lower(&t2).unwrap();
+    let plan = diff(Some(&cur), &want);
+    assert!(plan.phase2.is_empty());
+    assert_eq!(plan.phase1.len(), 2, "{plan:?}");
+    assert!(matches!(&plan.phase1[0], Op::DelElems { elems, .. } if elems.len() == 1));
+    assert!(matches!(&plan.phase1[1], Op::AddElems { elems, .. } if elems.len() == 1));
+    k.apply(&plan).unwrap();
+    assert_eq!(
+        k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap(),
+        want
+    );
+}
+
+#[test]
+fn chain_referenced_by_removed_element_is_deleted_in_phase_two() {
+    let mut k = FakeKernel::new();
+    converge(&mut k, &table(vec![svc_elem(1, 80, "b")], true));
+    let t2 = table(vec![], false);
+    let cur = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
+    let want = lower(&t2).unwrap();
+    let plan = diff(Some(&cur), &want);
+    assert!(
+        matches!(plan.phase2.as_slice(), [Op::DelChain { name: "b" }]),
+        "{plan:?}"
+    );
+    // Both in one transaction: EBUSY (pre-6.2 semantics), and nothing changes.
+    let mut single = plan.clone();
+    single.phase1.append(&mut single.phase2);
+    let mut k2 = k.clone();
+    let err = k2.apply(&single).unwrap_err();
+    assert!(err.to_string().contains("chain b"), "{err}");
+    assert_eq!(
+        k2.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap(),
+        cur
+    );
+    k.apply(&plan).unwrap();
+    assert_eq!(
+        k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap(),
+        want
+    );
+}
+
+#[test]
+fn changed_set_type_recreates_set_and_rules() {
+    let mut k = FakeKernel::new();
+    converge(&mut k, &table(vec![svc_elem(1, 80, "a")], false));
+    let mut t2 = table(vec![svc_elem(1, 80, "a")], false);
+    t2.sets[0].comment = "now with a comment".into();
+    converge(&mut k, &t2);
+    assert_eq!(
+        k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap(),
+        lower(&t2).unwrap()
+    );
+}
+
+#[test]
+fn stale_and_foreign_objects_are_removed() {
+    let mut k = FakeKernel::new();
+    converge(&mut k, &table(vec![svc_elem(1, 80, "a")], true));
+    let t = k
+        .tables
+        .get_mut(&(IpFamily::V4, "nodeproxy".into()))
+        .unwrap();
+    t.add_chain("foreign", WireChain::default());
+    let mut junk = t.sets["service-ips"].clone();
+    junk.elements.clear();
+    t.add_set("junk", junk);
+    let t2 = table(vec![svc_elem(1, 80, "a")], false);
+    converge(&mut k, &t2);
+    assert_eq!(
+        k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap(),
+        lower(&t2).unwrap()
+    );
+}
+
+#[test]
+fn failing_transaction_reports_every_error_and_rolls_back() {
+    let mut k = FakeKernel::new();
+    converge(&mut k, &table(vec![svc_elem(1, 80, "a")], false));
+    let before = k.tables.clone();
+    let t2 = table(
+        vec![
+            svc_elem(1, 80, "a"),
+            svc_elem(2, 80, "nope"),
+            svc_elem(3, 80, "nope2"),
+        ],
+        false,
+    );
+    let want = lower(&t2).unwrap();
+    let cur = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
+    let err = k.apply(&diff(Some(&cur), &want)).unwrap_err();
+    let NftError::Rejected { errors } = err else {
+        panic!("{err}")
+    };
+    assert_eq!(errors.len(), 1); // the fake stops an element op at its first bad element
+    assert!(
+        errors[0].object.contains("10.96.0.2 . tcp . 80"),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(k.tables, before);
+}
+
+#[test]
+fn lowering_rejects_mismatched_elements_naming_the_service() {
+    let mut t = table(vec![svc_elem(1, 80, "a")], false);
+    t.sets[0].elements[0].key.pop();
+    let err = lower(&t).unwrap_err();
+    assert!(err.to_string().contains("ns/svc1"), "{err}");
+}
+
+#[test]
+fn udata_comment_truncates() {
+    let long = "x".repeat(300);
+    let u = udata::comment(&long);
+    assert_eq!(u.len(), 2 + udata::COMMENT_MAX);
+    assert_eq!(
+        udata::parse_comment(&u).unwrap().len(),
+        udata::COMMENT_MAX - 1
+    );
+}
+
+#[test]
+fn keys_format_like_nft() {
+    let t = lower(&table(vec![svc_elem(1, 80, "a")], false)).unwrap();
+    let s = &t.sets["service-ips"];
+    let (k, _) = s.elements.iter().next().unwrap();
+    assert_eq!(s.format_key(k), "10.96.0.1 . tcp . 80");
+}

@@ -1,0 +1,58 @@
+//! Run test code in a fresh network namespace.
+//!
+//! `unshare(CLONE_NEWNET)` applies to the calling thread only, so the closure runs on a
+//! dedicated thread: netlink sockets it opens and processes it spawns (`nft`) live in the new
+//! namespace, and the namespace disappears with the thread, also when the test panics.
+
+use std::process::Command;
+
+/// Runs `f` in a new network namespace. Panics (fails the test) if the namespace cannot be
+/// created: kernel tests must not silently skip.
+pub fn in_netns<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    let h = std::thread::spawn(move || {
+        if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+            panic!("unshare(CLONE_NEWNET) failed ({e}); kernel tests need root (CAP_SYS_ADMIN)");
+        }
+        f()
+    });
+    match h.join() {
+        Ok(r) => r,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// Runs `nft` with arguments in the current thread's namespace; panics on failure.
+pub fn nft(args: &[&str]) -> String {
+    let out = Command::new("nft")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run nft: {e}"));
+    if !out.status.success() {
+        panic!(
+            "nft {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Loads nft text with `nft -f -`.
+pub fn nft_load(text: &str) {
+    use std::io::Write;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run nft: {e}"));
+    child.stdin.take().map(|mut s| s.write_all(text.as_bytes()));
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("wait nft: {e}"));
+    if !out.status.success() {
+        panic!(
+            "nft -f failed: {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

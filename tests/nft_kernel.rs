@@ -1,0 +1,270 @@
+//! Kernel tests of `nft`: program a fresh network namespace through netlink, read back, and use
+//! the `nft` tool as the oracle. Needs root; fails (never skips) without it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::netns::{in_netns, nft, nft_load};
+use common::sample;
+use nodeproxy::model::IpFamily;
+use nodeproxy::nft::{self, Kernel, NetlinkKernel, NftError, WireData, WireElem, diff, lower};
+use nodeproxy::ruleset::{Atom, ElemData, Ruleset};
+
+/// `nft list table` of the sample tables, reviewed by hand (nft 1.0.6 formatting).
+const EXPECTED_IP: &str = include_str!("data/sample-ip.nft");
+const EXPECTED_IP6: &str = include_str!("data/sample-ip6.nft");
+
+fn ruleset() -> Ruleset {
+    Ruleset {
+        tables: vec![sample::table(IpFamily::V4), sample::table(IpFamily::V6)],
+    }
+}
+
+fn list(family: &str) -> String {
+    nft(&["list", "table", family, "nodeproxy"])
+}
+
+fn assert_kernel_holds(k: &mut NetlinkKernel, rs: &Ruleset) {
+    for t in &rs.tables {
+        let want = lower(t).unwrap();
+        let got = k
+            .read_table(t.family, "nodeproxy")
+            .unwrap()
+            .expect("table exists");
+        for (n, c) in &want.chains {
+            assert_eq!(Some(c), got.chains.get(n), "chain {n} ({:?})", t.family);
+        }
+        for (n, s) in &want.sets {
+            assert_eq!(Some(s), got.sets.get(n), "set {n} ({:?})", t.family);
+        }
+        assert_eq!(want, got, "{:?}", t.family);
+    }
+}
+
+#[test]
+fn sample_round_trips_and_lists_as_nft_prints_it() {
+    in_netns(|| {
+        let mut k = NetlinkKernel::new().unwrap();
+        let rs = ruleset();
+        let rep = nft::sync(&mut k, &rs).unwrap();
+        assert_eq!(rep.tables, 2);
+        assert!(rep.elements_added > 20, "{rep:?}");
+        assert_kernel_holds(&mut k, &rs);
+        assert_eq!(list("ip"), EXPECTED_IP);
+        assert_eq!(list("ip6"), EXPECTED_IP6);
+        // Re-applying the same state sends nothing.
+        let again = nft::sync(&mut k, &rs).unwrap();
+        assert_eq!(again.empty_plans, 2, "{again:?}");
+        assert_eq!(again.messages, 0);
+    });
+}
+
+#[test]
+fn nft_loaded_text_reads_back_as_lowered() {
+    // The same ruleset loaded by nft itself: bytecode, set types and userdata must be what we
+    // lower, byte for byte.
+    in_netns(|| {
+        nft_load(EXPECTED_IP);
+        nft_load(EXPECTED_IP6);
+        let mut k = NetlinkKernel::new().unwrap();
+        assert_kernel_holds(&mut k, &ruleset());
+        assert_eq!(nft::sync(&mut k, &ruleset()).unwrap().messages, 0);
+    });
+}
+
+#[test]
+fn converges_and_removes_foreign_objects() {
+    in_netns(|| {
+        let mut k = NetlinkKernel::new().unwrap();
+        nft::sync(&mut k, &ruleset()).unwrap();
+        // Someone else adds objects to our table.
+        nft(&["add", "chain", "ip", "nodeproxy", "foreign"]);
+        nft(&[
+            "add",
+            "rule",
+            "ip",
+            "nodeproxy",
+            "foreign",
+            "jump",
+            "pick-1",
+        ]);
+        nft(&[
+            "add",
+            "set",
+            "ip",
+            "nodeproxy",
+            "junk",
+            "{ type ipv4_addr; }",
+        ]);
+        nft(&[
+            "add",
+            "element",
+            "ip",
+            "nodeproxy",
+            "cluster-ips",
+            "{ 10.96.9.9 }",
+        ]);
+        nft(&[
+            "add",
+            "element",
+            "ip",
+            "nodeproxy",
+            "service-ips",
+            "{ 10.96.9.9 . tcp . 1 : goto dispatch }",
+        ]);
+
+        // A changed desired state: one service endpoint replaced, one element removed, a chain
+        // and a set (with the rule using it) gone, a chain's rules changed.
+        let mut rs = ruleset();
+        let t = &mut rs.tables[0];
+        let eps = t.sets.iter_mut().find(|s| s.name == "eps-k2").unwrap();
+        eps.elements[1].data = Some(ElemData::Value(vec![
+            Atom::Addr("10.244.3.7".parse().unwrap()),
+            Atom::Port(53),
+        ]));
+        let cips = t.sets.iter_mut().find(|s| s.name == "cluster-ips").unwrap();
+        cips.elements.remove(1);
+        t.sets.retain(|s| s.name != "endpoints-plain");
+        t.chains.retain(|c| c.name != "dispatch");
+        let masq = t
+            .chains
+            .iter_mut()
+            .find(|c| c.name == "masquerading")
+            .unwrap();
+        masq.rules.pop();
+
+        let rep = nft::sync(&mut k, &rs).unwrap();
+        assert!(rep.elements_removed >= 4, "{rep:?}");
+        assert_kernel_holds(&mut k, &rs);
+        let text = list("ip");
+        for gone in [
+            "foreign",
+            "junk",
+            "10.96.9.9",
+            "endpoints-plain",
+            "chain dispatch",
+            "10.244.2.6",
+        ] {
+            assert!(!text.contains(gone), "{gone} left over:\n{text}");
+        }
+        assert!(text.contains("10.244.3.7 . 53"), "{text}");
+        assert_eq!(nft::sync(&mut k, &rs).unwrap().messages, 0);
+    });
+}
+
+#[test]
+fn poison_transaction_is_rejected_naming_the_service() {
+    in_netns(|| {
+        let mut k = NetlinkKernel::new().unwrap();
+        let rs = ruleset();
+        nft::sync(&mut k, &rs).unwrap();
+        let before = list("ip");
+
+        let current = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
+        let mut desired = lower(&rs.tables[0]).unwrap();
+        // A service element whose goto targets a chain that does not exist, among good changes.
+        let svc = desired.sets.get_mut("service-ips").unwrap();
+        svc.elements.insert(
+            vec![10, 96, 0, 99, 6, 0, 0, 0, 0, 80, 0, 0].into(),
+            WireElem {
+                data: Some(WireData::Verdict {
+                    code: -4,
+                    chain: Some("no-such-chain".into()),
+                }),
+                userdata: None,
+                origin: Some(sample::spn("poison", "web", "http")),
+            },
+        );
+        let cips = desired.sets.get_mut("cluster-ips").unwrap();
+        cips.elements.insert(
+            vec![10, 96, 0, 99].into(),
+            WireElem {
+                data: None,
+                userdata: None,
+                origin: None,
+            },
+        );
+        let plan = diff(Some(&current), &desired);
+        let err = k.apply(&plan).unwrap_err();
+        let NftError::Rejected { errors } = &err else {
+            panic!("unexpected error {err}")
+        };
+        assert_eq!(errors.len(), 1, "{err}");
+        let e = &errors[0];
+        assert_eq!(e.errno.raw_os_error(), Some(2), "{err}");
+        assert_eq!(
+            e.object,
+            "element 10.96.0.99 . tcp . 80 : goto no-such-chain in map service-ips of table ip nodeproxy"
+        );
+        assert_eq!(
+            e.origin.as_ref().map(|o| o.to_string()).as_deref(),
+            Some("poison/web:http")
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("poison/web:http") && msg.contains("service-ips"),
+            "{msg}"
+        );
+        // Atomic: nothing of the transaction happened.
+        assert_eq!(list("ip"), before);
+    });
+}
+
+#[test]
+fn delete_tables_removes_only_ours() {
+    in_netns(|| {
+        let mut k = NetlinkKernel::new().unwrap();
+        nft::sync(&mut k, &ruleset()).unwrap();
+        nft(&["add", "table", "inet", "other"]);
+        nft(&["add", "table", "ip", "nodeproxy-not"]);
+        assert_eq!(k.delete_tables("nodeproxy").unwrap(), 2);
+        let tables = nft(&["list", "tables"]);
+        assert_eq!(tables, "table inet other\ntable ip nodeproxy-not\n");
+        // Nothing left to delete is fine.
+        assert_eq!(k.delete_tables("nodeproxy").unwrap(), 0);
+    });
+}
+
+#[test]
+fn large_table_builds_and_loads_fast() {
+    in_netns(|| {
+        let mut k = NetlinkKernel::new().unwrap();
+        let mut rs = ruleset();
+        rs.tables.truncate(1);
+        let t = &mut rs.tables[0];
+        let eps = t.sets.iter_mut().find(|s| s.name == "eps-k2").unwrap();
+        let base = eps.elements[0].clone();
+        eps.elements.clear();
+        for i in 0..50_000u32 {
+            for slot in 0..2u32 {
+                let mut e = base.clone();
+                let ip = std::net::Ipv4Addr::from(0x0a60_0000 + i);
+                e.key = vec![
+                    Atom::Addr(ip.into()),
+                    Atom::Proto(nodeproxy::model::Protocol::Tcp),
+                    Atom::Port(80),
+                    Atom::Int(slot),
+                ];
+                eps.elements.push(e);
+            }
+        }
+        let rep = nft::sync(&mut k, &rs).unwrap();
+        eprintln!("100k elements: {rep:?}");
+        let got = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
+        assert_eq!(got.sets["eps-k2"].elements.len(), 100_000);
+        // One element changed: exactly one delete and one add.
+        let mut rs2 = rs.clone();
+        let eps = rs2.tables[0]
+            .sets
+            .iter_mut()
+            .find(|s| s.name == "eps-k2")
+            .unwrap();
+        eps.elements[7].data = Some(ElemData::Value(vec![
+            Atom::Addr("10.1.1.1".parse().unwrap()),
+            Atom::Port(1),
+        ]));
+        let rep2 = nft::sync(&mut k, &rs2).unwrap();
+        eprintln!("1 change: {rep2:?}");
+        assert_eq!((rep2.elements_added, rep2.elements_removed), (1, 1));
+    });
+}
