@@ -19,6 +19,9 @@
 //!  a::10      a::11                b::130        2001:db8:a::/64 on node-a, 2001:db8:b::/64 on node-b
 //! ```
 //!
+//! Running: `cargo test --test lab_sanity --test traffic` as root (tests fail, never skip,
+//! without root). Tools: iproute2 (`ip`, `ss`), socat, nftables, iputils-ping, coreutils.
+//!
 //! Safety: nothing is ever created in, connected to or changed in the namespace the tests run
 //! in. Veth pairs are created inside a lab namespace with their peer placed directly into
 //! another lab namespace, so not even a transient interface appears in the root namespace.
@@ -155,14 +158,14 @@ pub fn require_privileges() {
         "lab: traffic tests must run as root (effective uid is {euid}); they create network \
          namespaces. Run them as root, e.g. in the CI container; they never skip themselves."
     );
-    for tool in ["ip", "socat", "ss", "sysctl", "nft", "ping"] {
+    for tool in ["ip", "socat", "ss", "nft", "ping", "timeout"] {
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
             .output()
             .is_ok_and(|o| o.status.success());
         assert!(
             found,
-            "lab: `{tool}` is not installed (Debian: apt-get install -y iproute2 socat procps nftables iputils-ping)"
+            "lab: `{tool}` is not installed (Debian: apt-get install -y iproute2 socat nftables iputils-ping)"
         );
     }
     // Probe namespace creation with a name of our own, so a lab never starts half-built because
@@ -272,10 +275,17 @@ impl Lab {
         );
     }
 
+    /// Sets `key=value` sysctls inside a namespace. Written straight to /proc/sys (which shows
+    /// the writer's network namespace) so the lab needs no procps.
     fn sysctl(&self, ns: Ns, settings: &[&str]) {
-        let mut args = vec!["sysctl", "-q", "-w"];
-        args.extend_from_slice(settings);
-        self.exec_ok(ns, &args);
+        let script: Vec<String> = settings
+            .iter()
+            .map(|kv| {
+                let (key, value) = kv.split_once('=').expect("sysctl setting is key=value");
+                format!("echo {value} > /proc/sys/{}", key.replace('.', "/"))
+            })
+            .collect();
+        self.exec_ok(ns, &["sh", "-e", "-c", &script.join("\n")]);
     }
 
     fn build(&mut self) {
