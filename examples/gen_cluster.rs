@@ -1,7 +1,7 @@
 //! Generates a synthetic cluster (`kubectl get services,endpointslices,nodes -A -o json` shape)
 //! with N services × M endpoints, for benchmarks.
 //!
-//! Usage: `cargo run --release --example gen_cluster -- N M [--seed S] [--change-endpoint]
+//! Usage: `cargo run --release --example gen_cluster -- N M [--change-endpoint]
 //! [--add-service] > cluster.json`. `--change-endpoint` replaces the first endpoint of service 0;
 //! `--add-service` adds service N. Every fourth service also gets a NodePort. No traffic is ever
 //! sent to these addresses: they only size the ruleset.
@@ -10,13 +10,16 @@ use std::io::Write;
 
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let num = |i: usize, name: &str| -> usize {
-        args.get(i)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("{name} must be a number: gen_cluster N M"))
+    let num = |i: usize| -> std::io::Result<usize> {
+        args.get(i).and_then(|s| s.parse().ok()).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "usage: gen_cluster N M [--change-endpoint] [--add-service]",
+            )
+        })
     };
-    let services = num(0, "N");
-    let endpoints = num(1, "M");
+    let services = num(0)?;
+    let endpoints = num(1)?;
     let change_endpoint = args.iter().any(|a| a == "--change-endpoint");
     let add_service = args.iter().any(|a| a == "--add-service");
     let total = services + usize::from(add_service);

@@ -1,2 +1,166 @@
-//! Entry point.
-fn main() {}
+//! Entry point: parse the configuration, set up logging, run the chosen mode, map errors to exit
+//! codes (0 ok, 1 runtime failure, 2 usage or configuration error).
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use nodeproxy::config::{self, ConfigError, LogFormat, Mode};
+use nodeproxy::model::ClusterState;
+use nodeproxy::nft::{self, Kernel as _};
+use nodeproxy::ruleset::{self, Settings};
+use nodeproxy::source;
+
+/// Errors that are the operator's to fix in the input or configuration (exit 2), as opposed to
+/// runtime failures (exit 1).
+#[derive(Debug)]
+struct UsageError(anyhow::Error);
+
+fn main() -> ExitCode {
+    let env = |name: &str| std::env::var(name).ok();
+    let loaded = match config::load(std::env::args_os(), &env) {
+        Ok(loaded) => loaded,
+        Err(ConfigError::HelpOrVersion(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            eprintln!("nodeproxy: {err}");
+            return ExitCode::from(err.exit_code());
+        }
+    };
+    init_logging(loaded.config.log_format, loaded.verbosity);
+    match run(&loaded) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            let (code, err) = match err.downcast::<UsageError>() {
+                Ok(UsageError(inner)) => (2, inner),
+                Err(other) => (1, other),
+            };
+            tracing::error!("{err:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn init_logging(format: LogFormat, verbosity: u8) {
+    let level = match verbosity {
+        0 => "info",
+        1..=3 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NODEPROXY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
+    let config = &loaded.config;
+    match loaded.mode {
+        Mode::PrintConfig => {
+            print!("{}", config::render_effective(config, &loaded.provenance));
+            Ok(())
+        }
+        Mode::Cleanup => {
+            let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
+            let removed = kernel
+                .delete_tables(nodeproxy::ruleset::names::TABLE)
+                .context("removing nodeproxy's tables")?;
+            tracing::info!("removed {removed} nodeproxy table(s); nothing else was touched");
+            Ok(())
+        }
+        Mode::DryRun | Mode::Once => {
+            let (state, settings) = desired_inputs(config)?;
+            let started = std::time::Instant::now();
+            let desired = ruleset::build(&state, &settings);
+            tracing::debug!(
+                "built the ruleset in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            if loaded.mode == Mode::DryRun {
+                let mut out = std::io::stdout().lock();
+                writeln!(
+                    out,
+                    "# nodeproxy ruleset for node {:?}: load with `nft -f`, inspect with `nft list table ip nodeproxy`",
+                    settings.node_name
+                )?;
+                out.write_all(ruleset::render::render(&desired).as_bytes())?;
+                return Ok(());
+            }
+            let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
+            let report = nft::sync(&mut kernel, &desired)?;
+            tracing::info!("{report}; peak RSS {} KiB", peak_rss_kib());
+            Ok(())
+        }
+        Mode::Run => Err(UsageError(anyhow::anyhow!(
+            "watching the API server is not implemented in this version: use --dry-run, --once \
+             or --cleanup with --from-file"
+        ))
+        .into()),
+    }
+}
+
+/// Loads the cluster objects and resolves the settings the ruleset is built with, reporting
+/// every rejected or ignored object and every likely configuration mistake.
+fn desired_inputs(config: &config::Config) -> anyhow::Result<(ClusterState, Settings)> {
+    if config.from_file.is_empty() {
+        return Err(UsageError(anyhow::anyhow!(
+            "no input: give --from-file (watching the API server is not implemented in this version)"
+        ))
+        .into());
+    }
+    let started = std::time::Instant::now();
+    let loaded = source::file::load_files(&config.from_file).map_err(|e| UsageError(e.into()))?;
+    tracing::info!(
+        "read {} service(s), {} endpoint slice(s), {} node(s) in {:.1} ms ({} rejected, {} ignored)",
+        loaded.state.services.len(),
+        loaded.state.slices.len(),
+        loaded.state.nodes.len(),
+        started.elapsed().as_secs_f64() * 1e3,
+        loaded.rejected.len(),
+        loaded.ignored.len()
+    );
+    for rejected in &loaded.rejected {
+        tracing::warn!("skipped invalid object: {rejected}");
+    }
+    for ignored in &loaded.ignored {
+        tracing::debug!("ignored: {ignored}");
+    }
+    let node_name = config.node_name().map_err(|e| UsageError(e.into()))?;
+    let settings = Settings::new(config, node_name);
+    let cluster_ips: Vec<_> = loaded
+        .state
+        .services
+        .values()
+        .flat_map(|s| s.cluster_ips.iter().map(|ip| (s.name.to_string(), *ip)))
+        .collect();
+    for warning in config::overlapping_cluster_cidr(config, &cluster_ips) {
+        tracing::warn!("{warning}");
+    }
+    for warning in ruleset::diagnostics(&loaded.state, &settings) {
+        tracing::warn!("{warning}");
+    }
+    Ok((loaded.state, settings))
+}
+
+/// Peak resident set size of this process, for the figures `--once` reports.
+fn peak_rss_kib() -> i64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .map(|usage| usage.max_rss())
+        .unwrap_or(0)
+}

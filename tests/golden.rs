@@ -5,6 +5,9 @@
 //! Regenerate after an intended change with `UPDATE_GOLDEN=1 cargo test --test golden`, then
 //! review the diff: the goldens are the ruleset's documentation.
 
+// Tests fail by panicking; that is their job.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -172,7 +172,7 @@ fn poison_transaction_is_rejected_naming_the_service() {
                     chain: Some("no-such-chain".into()),
                 }),
                 userdata: None,
-                origin: Some(sample::spn("poison", "web", "http")),
+                origin: Some(std::sync::Arc::new(sample::spn("poison", "web", "http"))),
             },
         );
         let cips = desired.sets.get_mut("cluster-ips").unwrap();

@@ -5,7 +5,7 @@
 
 pub mod convert;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -283,11 +283,23 @@ impl fmt::Display for Rejected {
     }
 }
 
-/// The endpoints of every Service port, merged across slices and de-duplicated, in kube-proxy's
-/// order (sorted by `ip:port`).
-pub fn endpoints_for(state: &ClusterState, svc: &Service, port: &ServicePort) -> Vec<Endpoint> {
+impl ClusterState {
+    /// EndpointSlices grouped by the Service they belong to. Build it once per computation:
+    /// looking slices up per Service port would be quadratic at 10k Services.
+    pub fn slices_by_service(&self) -> HashMap<&ServiceName, Vec<&EndpointSlice>> {
+        let mut index: HashMap<&ServiceName, Vec<&EndpointSlice>> = HashMap::new();
+        for slice in self.slices.values() {
+            index.entry(&slice.service).or_default().push(slice);
+        }
+        index
+    }
+}
+
+/// The endpoints of one Service port, merged across its slices and de-duplicated, in a stable
+/// order (by address, then port).
+pub fn endpoints_for(slices: &[&EndpointSlice], port: &ServicePort) -> Vec<Endpoint> {
     let mut by_addr: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
-    for slice in state.slices.values().filter(|s| s.service == svc.name) {
+    for slice in slices {
         let Some(sp) = slice
             .ports
             .iter()
@@ -296,24 +308,25 @@ pub fn endpoints_for(state: &ClusterState, svc: &Service, port: &ServicePort) ->
             continue;
         };
         for ep in &slice.endpoints {
-            let candidate = Endpoint {
-                addr: ep.addr,
-                port: sp.port,
-                conditions: ep.conditions,
-                node_name: ep.node_name.clone(),
-                zone: ep.zone.clone(),
-                zone_hints: ep.zone_hints.clone(),
-                node_hints: ep.node_hints.clone(),
-            };
             // The same address can appear in two slices while the controller moves it; prefer
             // the copy that is not terminating, as kube-proxy's EndpointSliceCache does.
-            match by_addr.get(&(ep.addr, sp.port)) {
-                Some(existing)
-                    if !existing.conditions.terminating || candidate.conditions.terminating => {}
-                _ => {
-                    by_addr.insert((ep.addr, sp.port), candidate);
-                }
+            if let Some(existing) = by_addr.get(&(ep.addr, sp.port))
+                && (!existing.conditions.terminating || ep.conditions.terminating)
+            {
+                continue;
             }
+            by_addr.insert(
+                (ep.addr, sp.port),
+                Endpoint {
+                    addr: ep.addr,
+                    port: sp.port,
+                    conditions: ep.conditions,
+                    node_name: ep.node_name.clone(),
+                    zone: ep.zone.clone(),
+                    zone_hints: ep.zone_hints.clone(),
+                    node_hints: ep.node_hints.clone(),
+                },
+            );
         }
     }
     by_addr.into_values().collect()

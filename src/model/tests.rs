@@ -54,7 +54,8 @@ fn endpoints_prefer_non_terminating_duplicate() {
         health_check_node_port: None,
         session_affinity_timeout: None,
     };
-    let eps = endpoints_for(&state, &service, &service.ports[0]);
+    let index = state.slices_by_service();
+    let eps = endpoints_for(&index[&service.name], &service.ports[0]);
     assert_eq!(eps.len(), 1);
     assert!(!eps[0].conditions.terminating);
     assert_eq!(eps[0].port, 8080);

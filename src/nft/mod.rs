@@ -140,6 +140,29 @@ pub struct SyncReport {
     pub kernel: Duration,
 }
 
+impl fmt::Display for SyncReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        write!(
+            f,
+            "synced {} table(s): {} element(s) added, {} removed, {} chain(s) rewritten; \
+             {} message(s), {} bytes; lower {:.2} ms, read back {:.2} ms, diff {:.2} ms, \
+             encode {:.2} ms, kernel {:.3} ms",
+            self.tables,
+            self.elements_added,
+            self.elements_removed,
+            self.chains_rewritten,
+            self.messages,
+            self.bytes,
+            ms(self.lower),
+            ms(self.read),
+            ms(self.diff),
+            ms(self.encode),
+            ms(self.kernel),
+        )
+    }
+}
+
 /// Brings every table of `desired` into the kernel: read back, diff, apply.
 pub fn sync(kernel: &mut impl Kernel, desired: &Ruleset) -> Result<SyncReport, NftError> {
     let mut rep = SyncReport::default();

@@ -1,7 +1,7 @@
 //! The netlink backend: one nfnetlink batch per transaction, sent with one `send`, replies
 //! collected without waiting for acks that never come; dumps of our table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -377,7 +377,7 @@ fn describe(
                     if let Some(d) = &e.data {
                         s.push_str(&format!(" : {}", format_data(def, d)));
                     }
-                    (format!("{s} in {what}"), e.origin.clone())
+                    (format!("{s} in {what}"), e.origin.as_deref().cloned())
                 }
                 None => {
                     let (a, b) = range;
@@ -386,7 +386,7 @@ fn describe(
                         .map(|(k, _)| def.format_key(k))
                         .unwrap_or_default();
                     let origin = if b - a == 1 {
-                        elems.get(a).and_then(|e| e.1.origin.clone())
+                        elems.get(a).and_then(|e| e.1.origin.as_deref().cloned())
                     } else {
                         None
                     };
@@ -830,13 +830,14 @@ impl NetlinkKernel {
                     &[(ELEM_LIST_TABLE, name), (ELEM_LIST_SET, &sname)],
                 )?
                 .unwrap_or_default();
+            let mut comments = HashMap::new();
             for m in elems {
                 for (ty, p, _) in Attrs::new(&m) {
                     if ty & NLA_TYPE_MASK != ELEM_LIST_ELEMENTS {
                         continue;
                     }
                     for (_, e, _) in Attrs::new(p) {
-                        if let Some((k, el)) = parse_elem(e, &mut chain_names) {
+                        if let Some((k, el)) = parse_elem(e, &mut chain_names, &mut comments) {
                             set.elements.insert(k, el);
                         }
                     }
@@ -903,7 +904,13 @@ fn parse_expr(e: &[u8]) -> WireExpr {
     WireExpr::new(&name, attrs)
 }
 
-fn parse_elem(e: &[u8], chains: &mut BTreeMap<String, Arc<str>>) -> Option<(Box<[u8]>, WireElem)> {
+/// Parses one element of a dump. `chains` and `comments` intern goto targets and comments: a
+/// table at 10k services holds hundreds of thousands of elements sharing a few thousand.
+fn parse_elem(
+    e: &[u8],
+    chains: &mut BTreeMap<String, Arc<str>>,
+    comments: &mut HashMap<Box<[u8]>, Arc<[u8]>>,
+) -> Option<(Box<[u8]>, WireElem)> {
     let mut key = None;
     let mut elem = WireElem {
         data: None,
@@ -932,7 +939,16 @@ fn parse_elem(e: &[u8], chains: &mut BTreeMap<String, Arc<str>>) -> Option<(Box<
                     d => d,
                 });
             }
-            ELEM_USERDATA => elem.userdata = Some(p.into()),
+            ELEM_USERDATA => {
+                elem.userdata = Some(match comments.get(p) {
+                    Some(shared) => shared.clone(),
+                    None => {
+                        let shared: Arc<[u8]> = Arc::from(p);
+                        comments.insert(p.into(), shared.clone());
+                        shared
+                    }
+                });
+            }
             _ => {}
         }
     }

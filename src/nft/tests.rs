@@ -23,8 +23,8 @@ fn svc_elem(last: u8, port: u16, chain: &str) -> Element {
             Atom::Port(port),
         ],
         data: Some(ElemData::Verdict(Verdict::Goto(chain.into()))),
-        comment: Some(format!("ns/svc{last}")),
-        origin: Some(origin(&format!("svc{last}"))),
+        comment: Some(format!("ns/svc{last}").into()),
+        origin: Some(std::sync::Arc::new(origin(&format!("svc{last}")))),
     }
 }
 

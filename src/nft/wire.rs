@@ -251,9 +251,10 @@ impl WireSet {
 #[derive(Debug, Clone)]
 pub struct WireElem {
     pub data: Option<WireData>,
-    pub userdata: Option<Box<[u8]>>,
+    /// Shared: the elements of one Service port carry the same comment.
+    pub userdata: Option<Arc<[u8]>>,
     /// The Service port the element was built for; never sent, not compared.
-    pub origin: Option<ServicePortName>,
+    pub origin: Option<Arc<ServicePortName>>,
 }
 
 impl PartialEq for WireElem {
@@ -824,11 +825,12 @@ fn lower_set(
         }
     };
     let mut elements = BTreeMap::new();
+    let mut comments: HashMap<Arc<str>, Arc<[u8]>> = HashMap::new();
     for e in &set.elements {
         let bad = |reason: String| NftError::Invalid {
             object: format!("element {:?} in {}", e.key, obj()),
             reason,
-            origin: e.origin.clone().map(Box::new),
+            origin: e.origin.as_deref().cloned().map(Box::new),
         };
         let key = encode_atoms(family, &set.key, &e.key).map_err(bad)?;
         let data = match (&set.data, &e.data) {
@@ -848,11 +850,12 @@ fn lower_set(
             )),
             _ => return Err(bad("element data does not match the set's data type".into())),
         };
-        let userdata = e
-            .comment
-            .as_deref()
-            .filter(|c| !c.is_empty())
-            .map(|c| udata::comment(c).into_boxed_slice());
+        let userdata = e.comment.as_ref().filter(|c| !c.is_empty()).map(|c| {
+            comments
+                .entry(c.clone())
+                .or_insert_with(|| Arc::from(udata::comment(c)))
+                .clone()
+        });
         let elem = WireElem {
             data,
             userdata,

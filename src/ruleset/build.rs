@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -64,12 +65,27 @@ pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
 /// Elements of one set, keyed for de-duplication and sorted output.
 type Elements = BTreeMap<Vec<Atom>, Element>;
 
-fn element(key: Vec<Atom>, data: Option<ElemData>, origin: &ServicePortName) -> Element {
+/// The Service port an element serves, formatted once and shared by all its elements.
+struct Origin {
+    name: Arc<ServicePortName>,
+    comment: Arc<str>,
+}
+
+impl Origin {
+    fn new(name: ServicePortName) -> Origin {
+        Origin {
+            comment: Arc::from(names::comment(&name.to_string())),
+            name: Arc::new(name),
+        }
+    }
+}
+
+fn element(key: Vec<Atom>, data: Option<ElemData>, origin: &Origin) -> Element {
     Element {
         key,
         data,
-        comment: Some(names::comment(&origin.to_string())),
-        origin: Some(origin.clone()),
+        comment: Some(origin.comment.clone()),
+        origin: Some(origin.name.clone()),
     }
 }
 
@@ -120,7 +136,10 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
                     Element {
                         key,
                         data: None,
-                        comment: Some(format!("primary address of node {}", settings.node_name)),
+                        comment: Some(Arc::from(format!(
+                            "primary address of node {}",
+                            settings.node_name
+                        ))),
                         origin: None,
                     },
                 );
@@ -128,21 +147,23 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
         }
     }
 
+    let slices = state.slices_by_service();
     for svc in state.services.values() {
+        let svc_slices = slices.get(&svc.name).map(Vec::as_slice).unwrap_or_default();
         // A Service is handled by the table of each family it has a ClusterIP in, like
         // kube-proxy's per-family proxiers.
         let Some(cluster_ip) = svc.cluster_ip(family) else {
             continue;
         };
         for port in &svc.ports {
-            let origin = svc.port_name(port);
+            let origin = Origin::new(svc.port_name(port));
             let proto = Atom::Proto(port.protocol);
             let svc_port = Atom::Port(port.port);
             insert(
                 &mut c.cluster_ips,
                 element(vec![Atom::Addr(cluster_ip)], None, &origin),
             );
-            let endpoints = usable_endpoints(endpoints_for(state, svc, port), family);
+            let endpoints = usable_endpoints(endpoints_for(svc_slices, port), family);
             let k = endpoints.len();
             let service_key = vec![Atom::Addr(cluster_ip), proto, svc_port];
             if k == 0 {

@@ -9,6 +9,7 @@ pub mod names;
 pub mod render;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::model::{IpFamily, Protocol, ServicePortName};
 
@@ -209,8 +210,9 @@ pub enum ElemData {
 pub struct Element {
     pub key: Vec<Atom>,
     pub data: Option<ElemData>,
-    /// Rendered as the element's nft comment (the Service port it serves).
-    pub comment: Option<String>,
+    /// Rendered as the element's nft comment (the Service port it serves). Shared by all
+    /// elements of one Service port: at 10k services there are hundreds of thousands.
+    pub comment: Option<Arc<str>>,
     /// The Service port this element was built for, for error reports. Not programmed.
-    pub origin: Option<ServicePortName>,
+    pub origin: Option<Arc<ServicePortName>>,
 }

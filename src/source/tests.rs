@@ -488,7 +488,8 @@ fn the_example_cluster_loads_with_the_expected_counts() {
     let web = &loaded.state.services[&sn("shop", "web")];
     assert_eq!(web.cluster_ips.len(), 2);
     assert_eq!(web.ports[0].node_port, Some(30080));
-    let eps = crate::model::endpoints_for(&loaded.state, web, &web.ports[0]);
+    let index = loaded.state.slices_by_service();
+    let eps = crate::model::endpoints_for(&index[&web.name], &web.ports[0]);
     // Three pods in the IPv4 slice; node-b has no IPv6 pod CIDR, so only two in the IPv6 one.
     assert_eq!(eps.len(), 5);
     assert_eq!(eps.iter().filter(|e| e.conditions.terminating).count(), 2);

@@ -24,8 +24,8 @@ pub fn elem(key: Vec<Atom>, data: Option<ElemData>, origin: Option<ServicePortNa
     Element {
         key,
         data,
-        comment: origin.as_ref().map(|o| o.to_string()),
-        origin,
+        comment: origin.as_ref().map(|o| std::sync::Arc::from(o.to_string())),
+        origin: origin.map(std::sync::Arc::new),
     }
 }
 

@@ -1,0 +1,201 @@
+//! Kernel readback of every golden: `nodeproxy --once` in a fresh network namespace, then `nft
+//! list table` must equal the golden rendering.
+//!
+//! Normalisation (the only one): inside an `elements = { … }` list, element order and line
+//! wrapping are ignored, because nft prints verdict maps in the kernel's hash order. Everything
+//! else — chains, rules, set types, comments, element keys, data and comments — must match to
+//! the byte.
+
+// Tests fail by panicking; that is their job.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::netns::{in_netns, nft};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn args_of(case: &str) -> Vec<String> {
+    let path = root().join(format!("tests/fixtures/golden/{case}.args"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{}", path.display()));
+    text.split_whitespace().map(String::from).collect()
+}
+
+fn fixture(case: &str) -> PathBuf {
+    root().join(format!("tests/fixtures/golden/{case}.yaml"))
+}
+
+fn golden(case: &str) -> String {
+    let path = root().join(format!("tests/golden/{case}.nft"));
+    std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{}", path.display()))
+}
+
+/// Runs `nodeproxy --once` for a fixture in the current (test) namespace; returns stderr.
+fn once(case: &str) -> String {
+    run_once(&fixture(case), &args_of(case))
+}
+
+fn run_once(input: &Path, args: &[String]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        .arg("--once")
+        .args(args)
+        .arg("--from-file")
+        .arg(input)
+        .output()
+        .expect("run nodeproxy");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "nodeproxy --once failed:\n{stderr}");
+    stderr
+}
+
+fn listed() -> String {
+    let mut text = nft(&["list", "table", "ip", "nodeproxy"]);
+    text.push_str(&nft(&["list", "table", "ip6", "nodeproxy"]));
+    text
+}
+
+/// See the module comment: sorts and unwraps element lists, leaves everything else as is.
+fn normalise(text: &str) -> String {
+    let mut lines: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("\t\t\t     ")
+            && let Some(last) = lines.last_mut()
+        {
+            last.push(' ');
+            last.push_str(rest);
+            continue;
+        }
+        lines.push(line.to_string());
+    }
+    lines
+        .into_iter()
+        .map(|line| match line.split_once("elements = { ") {
+            Some((indent, rest)) => {
+                let inner = rest.strip_suffix(" }").unwrap_or(rest);
+                let mut elements: Vec<&str> = inner.split(',').map(str::trim).collect();
+                elements.sort_unstable();
+                format!("{indent}elements = {{ {} }}", elements.join(", "))
+            }
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn cases() -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(root().join("tests/fixtures/golden"))
+        .expect("fixtures")
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            let stem = p.file_stem()?.to_string_lossy().into_owned();
+            (p.extension()? == "yaml").then_some(stem)
+        })
+        .collect();
+    out.sort();
+    assert!(out.len() >= 5, "fixtures missing");
+    out
+}
+
+#[test]
+fn every_golden_programmed_through_netlink_lists_back_as_rendered() {
+    for case in cases() {
+        let case2 = case.clone();
+        let (first, second, listing) = in_netns(move || {
+            let first = once(&case2);
+            let listing = listed();
+            let second = once(&case2);
+            (first, second, listing)
+        });
+        assert_eq!(
+            normalise(&listing),
+            normalise(&golden(&case)),
+            "{case}: kernel listing differs from the golden\n{first}"
+        );
+        assert!(
+            second.contains("0 message(s), 0 bytes"),
+            "{case}: re-applying the same state must send nothing:\n{second}"
+        );
+    }
+}
+
+#[test]
+fn switching_between_states_converges_to_exactly_the_new_golden() {
+    let order = [
+        "clusterip",
+        "nodeport",
+        "dualstack",
+        "multiport",
+        "clusterip",
+    ];
+    let listings = in_netns(move || {
+        // Foreign objects inside our table must be removed by the next apply.
+        let mut listings = Vec::new();
+        for (i, case) in order.iter().enumerate() {
+            if i == 1 {
+                nft(&["add", "chain", "ip", "nodeproxy", "intruder"]);
+                nft(&["add", "rule", "ip", "nodeproxy", "intruder", "counter"]);
+                nft(&[
+                    "add",
+                    "element",
+                    "ip",
+                    "nodeproxy",
+                    "cluster-ips",
+                    "{ 192.0.2.99 }",
+                ]);
+            }
+            once(case);
+            listings.push((case.to_string(), listed()));
+        }
+        listings
+    });
+    for (case, listing) in listings {
+        assert!(!listing.contains("intruder") && !listing.contains("192.0.2.99"));
+        assert_eq!(
+            normalise(&listing),
+            normalise(&golden(&case)),
+            "{case}: did not converge to its golden"
+        );
+    }
+}
+
+#[test]
+fn cleanup_removes_our_tables_and_nothing_else() {
+    let (ours, all) = in_netns(|| {
+        once("clusterip");
+        nft(&["add", "table", "inet", "other"]);
+        nft(&["add", "table", "ip", "nodeproxy-not"]);
+        let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+            .arg("--cleanup")
+            .output()
+            .expect("run nodeproxy");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tables = nft(&["list", "tables"]);
+        (tables.clone(), tables)
+    });
+    assert!(!ours.contains("table ip nodeproxy\n") && !ours.contains("table ip6 nodeproxy\n"));
+    assert!(all.contains("table inet other") && all.contains("table ip nodeproxy-not"));
+}
+
+#[test]
+fn normalisation_only_ignores_element_order() {
+    let a = "\t\telements = { 1 : a,\n\t\t\t     2 : b }\n\tchain x {";
+    let b = "\t\telements = { 2 : b, 1 : a }\n\tchain x {";
+    assert_eq!(normalise(a), normalise(b));
+    assert_ne!(
+        normalise(a),
+        normalise("\t\telements = { 2 : b, 1 : c }\n\tchain x {")
+    );
+    assert_ne!(
+        normalise(a),
+        normalise("\t\telements = { 1 : a, 2 : b }\n\tchain y {")
+    );
+}
