@@ -8,6 +8,7 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v socat >/dev/null 2>&1 || need+=(socat)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "setup: missing ${need[*]}; run as root (or: sudo apt-get install -y ${need[*]})" >&2
