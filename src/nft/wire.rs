@@ -15,8 +15,8 @@ use super::msg::{NLA_F_NESTED, put_attr, put_str, put_u32_be};
 use super::udata;
 use crate::model::{IpFamily, ServicePortName};
 use crate::ruleset::{
-    AddrField, Atom, BaseChain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set, SetData, Stmt,
-    Table, Verdict,
+    AddrField, Atom, BaseChain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set, SetData,
+    Stmt, Table, Verdict,
 };
 
 /// `NFT_SET_MAP`.
@@ -896,7 +896,11 @@ pub fn lower(table: &Table) -> Result<WireTable, NftError> {
     let mut next = 0;
     lower_impl(table, |_| {
         next += 1;
-        table.sets.get(next - 1).into_iter().flat_map(|s| s.elements.iter())
+        table
+            .sets
+            .get(next - 1)
+            .into_iter()
+            .flat_map(|s| s.elements.iter())
     })
 }
 
