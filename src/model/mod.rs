@@ -172,21 +172,22 @@ pub struct Conditions {
     pub terminating: bool,
 }
 
-/// One endpoint of one Service port (an address from an EndpointSlice and the port number
-/// matched by name and protocol).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
+/// One endpoint of one Service port: an address from an EndpointSlice and the port number
+/// matched by name and protocol. Borrows from the slice, so that computing the endpoints of 10k
+/// Services allocates no strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint<'a> {
     pub addr: IpAddr,
     pub port: u16,
     pub conditions: Conditions,
     /// `endpoint.nodeName`, if set.
-    pub node_name: Option<String>,
+    pub node_name: Option<&'a str>,
     /// `endpoint.zone`, if set.
-    pub zone: Option<String>,
+    pub zone: Option<&'a str>,
     /// `hints.forZones[].name`.
-    pub zone_hints: Vec<String>,
+    pub zone_hints: &'a [String],
     /// `hints.forNodes[].name`.
-    pub node_hints: Vec<String>,
+    pub node_hints: &'a [String],
 }
 
 /// An EndpointSlice reduced to what the proxy uses.
@@ -297,8 +298,8 @@ impl ClusterState {
 
 /// The endpoints of one Service port, merged across its slices and de-duplicated, in a stable
 /// order (by address, then port).
-pub fn endpoints_for(slices: &[&EndpointSlice], port: &ServicePort) -> Vec<Endpoint> {
-    let mut by_addr: BTreeMap<(IpAddr, u16), Endpoint> = BTreeMap::new();
+pub fn endpoints_for<'a>(slices: &[&'a EndpointSlice], port: &ServicePort) -> Vec<Endpoint<'a>> {
+    let mut found: Vec<Endpoint<'a>> = Vec::new();
     for slice in slices {
         let Some(sp) = slice
             .ports
@@ -307,29 +308,21 @@ pub fn endpoints_for(slices: &[&EndpointSlice], port: &ServicePort) -> Vec<Endpo
         else {
             continue;
         };
-        for ep in &slice.endpoints {
-            // The same address can appear in two slices while the controller moves it; prefer
-            // the copy that is not terminating, as kube-proxy's EndpointSliceCache does.
-            if let Some(existing) = by_addr.get(&(ep.addr, sp.port))
-                && (!existing.conditions.terminating || ep.conditions.terminating)
-            {
-                continue;
-            }
-            by_addr.insert(
-                (ep.addr, sp.port),
-                Endpoint {
-                    addr: ep.addr,
-                    port: sp.port,
-                    conditions: ep.conditions,
-                    node_name: ep.node_name.clone(),
-                    zone: ep.zone.clone(),
-                    zone_hints: ep.zone_hints.clone(),
-                    node_hints: ep.node_hints.clone(),
-                },
-            );
-        }
+        found.extend(slice.endpoints.iter().map(|ep| Endpoint {
+            addr: ep.addr,
+            port: sp.port,
+            conditions: ep.conditions,
+            node_name: ep.node_name.as_deref(),
+            zone: ep.zone.as_deref(),
+            zone_hints: &ep.zone_hints,
+            node_hints: &ep.node_hints,
+        }));
     }
-    by_addr.into_values().collect()
+    // The same address can appear in two slices while the controller moves it; keep one copy,
+    // preferring the one that is not terminating, as kube-proxy's EndpointSliceCache does.
+    found.sort_by_key(|ep| (ep.addr, ep.port, ep.conditions.terminating));
+    found.dedup_by_key(|ep| (ep.addr, ep.port));
+    found
 }
 
 #[cfg(test)]

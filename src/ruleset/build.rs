@@ -62,8 +62,8 @@ pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
     }
 }
 
-/// Elements of one set, keyed for de-duplication and sorted output.
-type Elements = BTreeMap<Vec<Atom>, Element>;
+/// Elements of one set; sorted and de-duplicated by [`finish`] once collected.
+type Elements = Vec<Element>;
 
 /// The Service port an element serves, formatted once and shared by all its elements.
 struct Origin {
@@ -89,11 +89,17 @@ fn element(key: Vec<Atom>, data: Option<ElemData>, origin: &Origin) -> Element {
     }
 }
 
-/// Inserts unless the key is taken: two Services claiming the same address and port (or
-/// NodePort) is an API-server invariant violation; the first one in name order keeps it, so the
-/// result stays deterministic.
 fn insert(elements: &mut Elements, elem: Element) {
-    elements.entry(elem.key.clone()).or_insert(elem);
+    elements.push(elem);
+}
+
+/// Sorts by key and drops later duplicates: two Services claiming the same address and port (or
+/// NodePort) is an API-server invariant violation; the first one in name order keeps it (the
+/// sort is stable), so the result stays deterministic.
+fn finish(mut elements: Elements) -> Vec<Element> {
+    elements.sort_by(|a, b| a.key.cmp(&b.key));
+    elements.dedup_by(|later, earlier| later.key == earlier.key);
+    elements
 }
 
 fn goto(chain: String) -> Option<ElemData> {
@@ -117,7 +123,7 @@ struct Collected {
 
 /// The endpoints traffic may be sent to. In this version that is kube-proxy's normal case: the
 /// ready endpoints of the family.
-fn usable_endpoints(endpoints: Vec<Endpoint>, family: IpFamily) -> Vec<Endpoint> {
+fn usable_endpoints(endpoints: Vec<Endpoint<'_>>, family: IpFamily) -> Vec<Endpoint<'_>> {
     endpoints
         .into_iter()
         .filter(|ep| IpFamily::of(&ep.addr) == family && ep.conditions.ready)
@@ -130,19 +136,15 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
     match settings.nodeport_addresses {
         NodePortAddresses::Primary => {
             if let Some(ip) = node.and_then(|n| n.primary_ip(family)) {
-                let key = vec![Atom::Addr(ip)];
-                c.nodeport_ips.insert(
-                    key.clone(),
-                    Element {
-                        key,
-                        data: None,
-                        comment: Some(Arc::from(format!(
-                            "primary address of node {}",
-                            settings.node_name
-                        ))),
-                        origin: None,
-                    },
-                );
+                c.nodeport_ips.push(Element {
+                    key: vec![Atom::Addr(ip)],
+                    data: None,
+                    comment: Some(Arc::from(format!(
+                        "primary address of node {}",
+                        settings.node_name
+                    ))),
+                    origin: None,
+                });
             }
         }
     }
@@ -209,11 +211,10 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
             // Hairpin: a pod reaching itself through the Service must be masqueraded, or it
             // would see a reply from its own address to itself and drop it. Only endpoints on
             // this node can be their own clients here; an endpoint without a nodeName might be.
-            for ep in endpoints.iter().filter(|ep| {
-                ep.node_name
-                    .as_deref()
-                    .is_none_or(|name| name == settings.node_name)
-            }) {
+            for ep in endpoints
+                .iter()
+                .filter(|ep| ep.node_name.is_none_or(|name| name == settings.node_name))
+            {
                 insert(
                     &mut c.hairpin,
                     element(
@@ -237,7 +238,7 @@ fn slot_atom(slot: usize) -> Atom {
     Atom::Int(u32::try_from(slot).unwrap_or(u32::MAX))
 }
 
-fn endpoint_data(ep: &Endpoint) -> ElemData {
+fn endpoint_data(ep: &Endpoint<'_>) -> ElemData {
     ElemData::Value(vec![Atom::Addr(ep.addr), Atom::Port(ep.port)])
 }
 
@@ -254,7 +255,7 @@ fn set(
         key,
         data,
         typeof_: false,
-        elements: elements.into_values().collect(),
+        elements: finish(elements),
     }
 }
 
@@ -371,7 +372,7 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
 
     let endpoint_data = || Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport]));
     let mut pick_chains = Vec::new();
-    for (&k, elements) in &c.picks {
+    for (k, elements) in c.picks {
         let modulus = u32::try_from(k).unwrap_or(u32::MAX);
         let mut key = service_key();
         key.push(KeyField::Numgen { modulus });
@@ -380,7 +381,7 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
             &format!("ClusterIP . protocol . port . slot to endpoint, services with {k} endpoints"),
             key.clone(),
             endpoint_data(),
-            elements.clone(),
+            elements,
         );
         s.typeof_ = true;
         sets.push(s);
@@ -394,7 +395,7 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
             }]],
         ));
     }
-    for (&k, elements) in &c.nodeport_picks {
+    for (k, elements) in c.nodeport_picks {
         let modulus = u32::try_from(k).unwrap_or(u32::MAX);
         let mut key = nodeport_key();
         key.push(KeyField::Numgen { modulus });
@@ -403,7 +404,7 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
             &format!("protocol . NodePort . slot to endpoint, services with {k} endpoints"),
             key.clone(),
             endpoint_data(),
-            elements.clone(),
+            elements,
         );
         s.typeof_ = true;
         sets.push(s);
