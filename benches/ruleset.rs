@@ -4,6 +4,9 @@
 //!
 //! Run: `cargo bench --bench ruleset`.
 
+// A benchmark aborts on broken setup; there is nothing to recover.
+#![allow(clippy::expect_used)]
+
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -47,7 +50,7 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                 name: "http".into(),
                 protocol: Protocol::Tcp,
                 port: 80,
-                node_port: (s % 4 == 0).then(|| 30000 + (s / 4 % 2768) as u16),
+                node_port: s.is_multiple_of(4).then(|| 30000 + (s / 4 % 2768) as u16),
             }],
             external_ips: vec![],
             load_balancer_ips: vec![],
@@ -71,7 +74,7 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                         serving: true,
                         terminating: false,
                     },
-                    node_name: Some(if slot % 1000 == 0 {
+                    node_name: Some(if slot.is_multiple_of(1000) {
                         "node-a".into()
                     } else {
                         format!("node-{}", slot % 1000)
