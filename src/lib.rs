@@ -10,3 +10,4 @@ pub mod model;
 pub mod nft;
 pub mod ruleset;
 pub mod source;
+pub mod sync;
