@@ -127,24 +127,28 @@ fn usable_endpoints(endpoints: Vec<Endpoint>, family: IpFamily) -> Vec<Endpoint>
 fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Collected {
     let mut c = Collected::default();
     let node = state.nodes.get(&settings.node_name);
-    match settings.nodeport_addresses {
-        NodePortAddresses::Primary => {
-            if let Some(ip) = node.and_then(|n| n.primary_ip(family)) {
-                let key = vec![Atom::Addr(ip)];
-                c.nodeport_ips.insert(
-                    key.clone(),
-                    Element {
-                        key,
-                        data: None,
-                        comment: Some(Arc::from(format!(
-                            "primary address of node {}",
-                            settings.node_name
-                        ))),
-                        origin: None,
-                    },
-                );
-            }
-        }
+    // Only the Node's primary address is programmed, and only when the selection includes it
+    // (`primary`, `all`, or a CIDR containing it), so a NodePort never answers on an address
+    // that was not selected. NOT YET IMPLEMENTED: the other local addresses that `all` and
+    // CIDRs select (`NodePortAddresses::all_of`, `selects`); that builder work is in progress
+    // separately. For the default, `primary`, this is the complete (kube-proxy nftables)
+    // behaviour.
+    if let Some(ip) = node.and_then(|n| n.primary_ip(family))
+        && settings.nodeport_addresses.selects(ip, true)
+    {
+        let key = vec![Atom::Addr(ip)];
+        c.nodeport_ips.insert(
+            key.clone(),
+            Element {
+                key,
+                data: None,
+                comment: Some(Arc::from(format!(
+                    "primary address of node {}",
+                    settings.node_name
+                ))),
+                origin: None,
+            },
+        );
     }
 
     let slices = state.slices_by_service();
