@@ -6,6 +6,9 @@
 
 pub mod cli;
 pub mod config;
+pub mod health;
+pub mod http;
+pub mod metrics;
 pub mod model;
 pub mod nft;
 pub mod ruleset;
