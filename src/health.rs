@@ -463,6 +463,9 @@ impl HealthCheckServers {
     /// Makes the listeners match `wanted`: opens missing ones, closes those for ports no longer
     /// wanted, and updates the reported Service and endpoint count of the others in place. A port
     /// that cannot be bound is logged and retried on the next sync; it never affects the others.
+    ///
+    /// A closed listener releases its port when its task next runs, so a port dropped and wanted
+    /// again by the very next sync may fail to bind once (`EADDRINUSE`) and open a sync later.
     pub fn sync(&mut self, wanted: Vec<HealthCheckService>) {
         let mut by_port: BTreeMap<u16, HealthCheckService> = BTreeMap::new();
         for svc in wanted {
