@@ -221,6 +221,17 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(started: SystemTime) -> Shared {
+        Shared {
+            state: RwLock::new(ClusterState::default()),
+            changes: Mutex::new(Changes::default()),
+            rejected: Mutex::new(BTreeMap::new()),
+            generation: channel::channel(0).0,
+            listed: channel::channel(0).0,
+            started,
+        }
+    }
+
     fn bump(&self) {
         self.generation.send_modify(|g| *g = g.wrapping_add(1));
     }
@@ -256,16 +267,9 @@ pub fn spawn(client: Client, node_name: String) -> ClusterWatch {
 
 /// Starts the watches with explicit options. Must be called within a tokio runtime.
 pub fn spawn_with(client: Client, node_name: String, options: WatchOptions) -> ClusterWatch {
-    let (generation, generation_rx) = channel::channel(0);
-    let (listed, listed_rx) = channel::channel(0);
-    let shared = Arc::new(Shared {
-        state: RwLock::new(ClusterState::default()),
-        changes: Mutex::new(Changes::default()),
-        rejected: Mutex::new(BTreeMap::new()),
-        generation,
-        listed,
-        started: SystemTime::now(),
-    });
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let generation_rx = shared.generation.subscribe();
+    let listed_rx = shared.listed.subscribe();
     let timeout = u32::try_from(options.watch_timeout.as_secs())
         .unwrap_or(u32::MAX)
         .max(1);
@@ -493,13 +497,7 @@ async fn run<K: Kind>(
     shared: Arc<Shared>,
     node_name: Option<String>,
 ) {
-    let mut applier = Applier::<K> {
-        shared,
-        relist: None,
-        warned: HashMap::new(),
-        node_name,
-        node_present: None,
-    };
+    let mut applier = Applier::<K>::new(shared, node_name);
     let mut stream = std::pin::pin!(watcher::watcher(api, config).backoff(backoff(&options)));
     let mut lost = false;
     while let Some(item) = stream.next().await {
@@ -577,6 +575,16 @@ enum Converted<K: Kind> {
 }
 
 impl<K: Kind> Applier<K> {
+    fn new(shared: Arc<Shared>, node_name: Option<String>) -> Applier<K> {
+        Applier {
+            shared,
+            relist: None,
+            warned: HashMap::new(),
+            node_name,
+            node_present: None,
+        }
+    }
+
     fn apply(&mut self, event: Event<K>) {
         match event {
             Event::Init => {
