@@ -529,8 +529,9 @@ async fn run<K: Kind>(
                 } else {
                     tracing::warn!(
                         kind = K::NAME,
-                        "lost the API server ({} watch): {err}; keeping the last known state and retrying",
-                        K::NAME
+                        "lost the API server ({} watch): {}; keeping the last known state and retrying",
+                        K::NAME,
+                        error_chain(&err)
                     );
                     lost = true;
                 }
@@ -808,6 +809,23 @@ impl<K: Kind> Applier<K> {
                 .unwrap_or_else(PoisonError::into_inner),
         ))
     }
+}
+
+/// An error with its causes, `outer: cause: root`: kube's top-level messages ("error reading a
+/// body from connection") hide the part an operator needs ("timed out", "connection refused").
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // Some layers repeat their cause's message in their own.
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// How many keys were added, removed or changed between two versions of one kind.
