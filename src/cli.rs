@@ -8,9 +8,11 @@
 
 use std::path::PathBuf;
 
-use clap::{ArgAction, ArgGroup, Parser};
+use clap::{ArgAction, ArgGroup, Args, Parser, Subcommand};
 
-/// What the process should do, chosen by at most one mode flag.
+use crate::explain::Query;
+
+/// What the process should do, chosen by at most one mode flag or the `explain` subcommand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// No mode flag: watch the cluster and keep the kernel in sync.
@@ -23,6 +25,9 @@ pub enum Mode {
     Cleanup,
     /// `--print-config`: print the effective configuration with the source of each value.
     PrintConfig,
+    /// `explain SRC DST:PORT/PROTO`: print the path of one packet through the `--dry-run`
+    /// ruleset.
+    Explain(Query),
 }
 
 const AFTER_HELP: &str = "\
@@ -66,18 +71,18 @@ pub struct Cli {
 
     /// Read settings from this TOML file; flags and NODEPROXY_* variables override it.
     /// [env: NODEPROXY_CONFIG]
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     pub config: Option<PathBuf>,
 
     /// Use this name instead of the host name as the node's name (trimmed, lowercased; empty
     /// means unset). [env: NODEPROXY_HOSTNAME_OVERRIDE]
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", global = true)]
     pub hostname_override: Option<String>,
 
     /// Pod network CIDRs, comma-separated, at most one per family (an IPv4,IPv6 pair for
     /// dual-stack). Traffic to ClusterIPs from outside them is masqueraded.
     /// [env: NODEPROXY_CLUSTER_CIDR]
-    #[arg(long, value_name = "CIDR[,CIDR]")]
+    #[arg(long, value_name = "CIDR[,CIDR]", global = true)]
     pub cluster_cidr: Option<String>,
 
     /// Masquerade all traffic to ClusterIPs. Also accepts --masquerade-all=true|false.
@@ -89,41 +94,73 @@ pub struct Cli {
         value_name = "BOOL",
         num_args = 0..=1,
         require_equals = true,
-        default_missing_value = "true"
+        default_missing_value = "true",
+        global = true
     )]
     pub masquerade_all: Option<String>,
 
     /// The packet mark bit (0..=31) used to flag packets for masquerade.
     /// [env: NODEPROXY_MASQUERADE_BIT] [default: 14]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", global = true)]
     pub masquerade_bit: Option<String>,
 
     /// Which local addresses answer NodePorts; only `primary` (the Node's primary InternalIP
     /// of each family) is supported in this version.
     /// [env: NODEPROXY_NODEPORT_ADDRESSES] [default: primary]
-    #[arg(long, value_name = "VALUE")]
+    #[arg(long, value_name = "VALUE", global = true)]
     pub nodeport_addresses: Option<String>,
 
     /// Read Services/EndpointSlices/Nodes from this YAML/JSON file instead of the API server
     /// (repeatable). [env: NODEPROXY_FROM_FILE, comma-separated]
-    #[arg(long, value_name = "PATH", action = ArgAction::Append)]
+    #[arg(long, value_name = "PATH", action = ArgAction::Append, global = true)]
     pub from_file: Vec<PathBuf>,
 
     /// Log format: `text` or `json`. [env: NODEPROXY_LOG_FORMAT] [default: text]
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", global = true)]
     pub log_format: Option<String>,
 
     /// More verbose logging; repeat for more (-vv).
-    #[arg(short = 'v', action = ArgAction::Count)]
+    #[arg(short = 'v', action = ArgAction::Count, global = true)]
     pub verbose: u8,
 
     /// Log verbosity level, as kube-proxy's --v=N. The higher of -v count and --v wins.
-    #[arg(long = "v", value_name = "N")]
+    #[arg(long = "v", value_name = "N", global = true)]
     pub v: Option<u8>,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands. The configuration flags are global so they may follow the subcommand, as in
+/// `nodeproxy explain --from-file F --cluster-cidr C SRC DST`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Show the path of one new connection through the ruleset `--dry-run` prints: hooks and
+    /// chains, matching rules, DNAT candidates, masquerade and verdict. Kernel untouched.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// Source address of the packet.
+    #[arg(value_name = "SRC")]
+    pub src: String,
+
+    /// Destination: ADDRESS:PORT/PROTO, `[IPv6]:PORT/PROTO` for IPv6; PROTO is tcp, udp or
+    /// sctp (default tcp).
+    #[arg(value_name = "DST:PORT/PROTO")]
+    pub dst: String,
+
+    /// Where the packet comes from: `pod` (a pod on this node), `host` (this node's
+    /// processes) or `external`. Default: host if SRC is a node address, pod if it is inside
+    /// --cluster-cidr, else external.
+    #[arg(long, value_name = "pod|host|external")]
+    pub from: Option<String>,
 }
 
 impl Cli {
-    /// The mode chosen by the (mutually exclusive, enforced by clap) mode flags.
+    /// The mode chosen by the (mutually exclusive, enforced by clap) mode flags. `explain` is
+    /// resolved by `config::load`, which validates its arguments.
     pub fn mode(&self) -> Mode {
         if self.dry_run {
             Mode::DryRun

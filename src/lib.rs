@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod explain;
 pub mod model;
 pub mod nft;
 pub mod ruleset;

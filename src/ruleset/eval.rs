@@ -131,11 +131,23 @@ pub enum Step {
         priority: i32,
     },
     /// A `nat` base chain not run because this hook already NATed the packet.
-    NatSkipped { hook: Hook, chain: String },
-    Jump { from: String, to: String },
-    Goto { from: String, to: String },
+    NatSkipped {
+        hook: Hook,
+        chain: String,
+    },
+    Jump {
+        from: String,
+        to: String,
+    },
+    Goto {
+        from: String,
+        to: String,
+    },
     /// Back to the caller, by `return` or by falling off the end of `from`.
-    Return { from: String, to: String },
+    Return {
+        from: String,
+        to: String,
+    },
     /// A rule whose matches all held. `notes` say which set elements matched and to what.
     Rule {
         chain: String,
@@ -144,8 +156,14 @@ pub enum Step {
     },
     Dnat(Dnat),
     /// A base chain ended with accept (`by_policy`: it fell off the end).
-    Accepted { chain: String, by_policy: bool },
-    Routing { dst: IpAddr, route: Route },
+    Accepted {
+        chain: String,
+        by_policy: bool,
+    },
+    Routing {
+        dst: IpAddr,
+        route: Route,
+    },
 }
 
 /// One possible path of the packet: one per combination of `numgen` values met on the way.
@@ -650,7 +668,12 @@ impl<'a> Run<'a> {
     }
 
     /// The packet's value of each key field, in order.
-    fn key(&mut self, ctx: &RuleCtx<'_>, stmt: &Stmt, fields: &[KeyField]) -> Result<Vec<Atom>, EvalError> {
+    fn key(
+        &mut self,
+        ctx: &RuleCtx<'_>,
+        stmt: &Stmt,
+        fields: &[KeyField],
+    ) -> Result<Vec<Atom>, EvalError> {
         fields
             .iter()
             .map(|field| {

@@ -251,8 +251,20 @@ fn drop_in_a_jumped_chain_ends_the_path_before_routing() {
 fn the_route_follows_the_destination_and_the_origin() {
     let chains = vec![
         base("in", ChainType::Filter, Hook::Input, 0, vec![vec![mark(1)]]),
-        base("fwd", ChainType::Filter, Hook::Forward, 0, vec![vec![mark(2)]]),
-        base("out", ChainType::Filter, Hook::Output, 0, vec![vec![mark(4)]]),
+        base(
+            "fwd",
+            ChainType::Filter,
+            Hook::Forward,
+            0,
+            vec![vec![mark(2)]],
+        ),
+        base(
+            "out",
+            ChainType::Filter,
+            Hook::Output,
+            0,
+            vec![vec![mark(4)]],
+        ),
         base(
             "post",
             ChainType::Nat,
@@ -329,7 +341,12 @@ fn a_vmap_miss_goes_on_with_the_next_rule_and_a_hit_applies_the_verdict() {
     ];
     let rs = ruleset(
         vec![
-            pre(vec![vec![vm("m1")], vec![mark(1)], vec![vm("m2")], vec![mark(4)]]),
+            pre(vec![
+                vec![vm("m1")],
+                vec![mark(1)],
+                vec![vm("m2")],
+                vec![mark(4)],
+            ]),
             regular("a", vec![vec![mark(2)]]),
         ],
         vec![
@@ -349,7 +366,10 @@ fn a_vmap_miss_goes_on_with_the_next_rule_and_a_hit_applies_the_verdict() {
     else {
         panic!("the vmap rule is not in the trace: {:?}", b.steps);
     };
-    assert_eq!(notes, &["@m2: 203.0.113.20 . tcp . 80 : goto a".to_string()]);
+    assert_eq!(
+        notes,
+        &["@m2: 203.0.113.20 . tcp . 80 : goto a".to_string()]
+    );
 }
 
 /// A `dnat` map keyed by `numgen random mod k` over `targets`, with element comments.
@@ -368,7 +388,10 @@ fn dnat_map(name: &str, targets: &[&str]) -> Set {
                 let t = sock(t);
                 Element {
                     key: vec![Atom::Int(u32::try_from(slot).unwrap())],
-                    data: Some(ElemData::Value(vec![Atom::Addr(t.ip()), Atom::Port(t.port())])),
+                    data: Some(ElemData::Value(vec![
+                        Atom::Addr(t.ip()),
+                        Atom::Port(t.port()),
+                    ])),
                     comment: Some(Arc::from(format!("{name} slot {slot}"))),
                     origin: None,
                 }
@@ -412,7 +435,11 @@ fn numgen_forks_into_every_slot_and_the_packet_follows_each_target() {
         ],
         vec![dnat_map(
             "eps",
-            &["198.51.100.30:8080", "198.51.100.10:8080", "192.0.2.11:8080"],
+            &[
+                "198.51.100.30:8080",
+                "198.51.100.10:8080",
+                "192.0.2.11:8080",
+            ],
         )],
     );
     let t = eval(&rs, Origin::Pod).unwrap();
@@ -479,7 +506,10 @@ fn nested_numgens_enumerate_every_combination() {
         ],
         vec![
             outer,
-            dnat_map("m0", &["198.51.100.1:1", "198.51.100.2:1", "198.51.100.3:1"]),
+            dnat_map(
+                "m0",
+                &["198.51.100.1:1", "198.51.100.2:1", "198.51.100.3:1"],
+            ),
             dnat_map("m1", &["198.51.100.4:1", "198.51.100.5:1"]),
         ],
     );
@@ -487,13 +517,7 @@ fn nested_numgens_enumerate_every_combination() {
     let choices: Vec<Vec<u32>> = t.branches.iter().map(|b| b.choices.clone()).collect();
     assert_eq!(
         choices,
-        [
-            vec![0, 0],
-            vec![0, 1],
-            vec![0, 2],
-            vec![1, 0],
-            vec![1, 1]
-        ]
+        [vec![0, 0], vec![0, 1], vec![0, 2], vec![1, 0], vec![1, 1]]
     );
     assert_eq!(t.dnat_targets().len(), 5);
 }
@@ -564,7 +588,10 @@ fn a_statement_the_kernel_would_refuse_here_is_an_error_naming_it() {
         vec![dnat_map("eps", &["198.51.100.30:8080"])],
     );
     let err = eval(&rs, Origin::External).unwrap_err().to_string();
-    assert!(err.contains("dnat ip to numgen random mod 1 map @eps"), "{err}");
+    assert!(
+        err.contains("dnat ip to numgen random mod 1 map @eps"),
+        "{err}"
+    );
     // masquerade before postrouting.
     let rs = ruleset(
         vec![nat_pre(vec![vec![Stmt::Masquerade { fully_random: true }]])],
@@ -604,7 +631,10 @@ fn missing_sets_and_chains_and_loops_are_errors() {
         Err(EvalError::BadSet { .. })
     ));
     let rs = ruleset(
-        vec![pre(vec![vec![jump("a")]]), regular("a", vec![vec![jump("a")]])],
+        vec![
+            pre(vec![vec![jump("a")]]),
+            regular("a", vec![vec![jump("a")]]),
+        ],
         vec![],
     );
     assert!(matches!(
