@@ -295,9 +295,9 @@ pub fn evaluate(
     while let Some(forced) = pending.pop() {
         let mut run = Run::new(&tables, family, local_addrs, packet, forced.clone());
         run.path()?;
-        let moduli = run.moduli.clone();
-        for pos in forced.len()..moduli.len() {
-            for value in 1..moduli[pos] {
+        let fresh = run.moduli.iter().enumerate().skip(forced.len());
+        for (pos, &modulus) in fresh {
+            for value in 1..modulus {
                 let mut next = forced.clone();
                 next.resize(pos, 0);
                 next.push(value);
