@@ -6,8 +6,15 @@
 
 pub mod cli;
 pub mod config;
+pub mod conntrack;
 pub mod explain;
+pub mod health;
+pub mod http;
+pub mod leftovers;
+pub mod lock;
+pub mod metrics;
 pub mod model;
 pub mod nft;
 pub mod ruleset;
 pub mod source;
+pub mod sync;
