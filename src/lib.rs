@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod config;
 pub mod conntrack;
+pub mod explain;
 pub mod health;
 pub mod http;
 pub mod leftovers;
