@@ -566,9 +566,11 @@ fn pick_objects(kind: &PickKind, picks: Picks, sets: &mut Vec<Set>, chains: &mut
         } else {
             ""
         };
+        // The count is in the name: nft keeps the comment and the `typeof` description in one
+        // 256-byte userdata, so map comments must stay short.
         let mut s = set(
             &(kind.map)(k),
-            &format!("{}, services with {k}{local} endpoints", kind.map_what),
+            kind.map_what,
             key.clone(),
             Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
             elements,
