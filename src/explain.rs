@@ -114,6 +114,7 @@ pub fn report(
         proto: query.proto,
         dport: query.dport,
         origin,
+        iif: None,
     };
     let trace = eval::evaluate(ruleset, node_addrs, packet)?;
     let mut out = String::new();

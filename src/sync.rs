@@ -103,6 +103,8 @@ impl<K: Kernel> Syncer<K> {
         self.release_changed(state);
         let mut outcome = SyncOutcome::default();
         let mut rounds = 0;
+        let mut verify = verify;
+        let mut confirmed = false;
         loop {
             let filtered;
             let effective = if self.quarantine.is_empty() {
@@ -118,6 +120,15 @@ impl<K: Kernel> Syncer<K> {
                     // The transaction was rolled back, so what the kernel holds is the last
                     // applied state, but that state may itself be unknown now: read it again.
                     self.applied.clear();
+                    // A rejection can come from a stale view of the kernel (someone changed our
+                    // table, or a read-back missed elements) rather than from a Service: retry
+                    // once against a fresh read-back before blaming any Service.
+                    if !confirmed {
+                        confirmed = true;
+                        verify = true;
+                        outcome = SyncOutcome::default();
+                        continue;
+                    }
                     let mut added = false;
                     for e in &errors {
                         let Some(origin) = &e.origin else { continue };

@@ -15,7 +15,8 @@ use std::process::Command;
 
 use nodeproxy::config::{self, Config};
 use nodeproxy::explain;
-use nodeproxy::model::{ClusterState, IpFamily, Protocol, endpoints_for};
+use nodeproxy::model::{ClusterState, IpFamily, Protocol, TrafficPolicy, endpoints_for};
+use nodeproxy::ruleset::categorize::{NodeView, categorize};
 use nodeproxy::ruleset::eval::{self, Fate, Origin, Packet, Route, Trace};
 use nodeproxy::ruleset::{self, Ruleset, Settings};
 use nodeproxy::source;
@@ -104,6 +105,7 @@ fn run(b: &Built, src: &str, dst: &str, proto: Protocol, origin: Origin) -> Trac
             proto,
             dport: dst.port(),
             origin,
+            iif: None,
         },
     )
     .unwrap_or_else(|e| panic!("{}: {e}", b.name))
@@ -506,14 +508,21 @@ fn ipv6_paths() {
 }
 
 /// Table-driven over every fixture and every Service port, with the expectation computed from
-/// the cluster objects (§2.12, §2.10): ready endpoints of the family or reject; pods not
-/// masqueraded (unless masquerade-all), off-cluster clients always; NodePorts on the primary
-/// address the same, always masqueraded.
+/// the cluster objects (§2.12, §2.10, §2.13): the endpoints each traffic policy may use (from
+/// `categorize`, whose rules are unit-tested on their own) or, when that list is empty, reject
+/// (no endpoints anywhere) or drop (a Local policy without local endpoints); pods not
+/// masqueraded on ClusterIPs (unless masquerade-all), off-cluster clients always; NodePorts with
+/// Cluster policy masqueraded, with Local policy keeping the client address.
 #[test]
 fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
     let mut checked = 0;
     for b in all_fixtures() {
         let slices = b.state.slices_by_service();
+        let node = b.state.nodes.get(&b.settings.node_name);
+        let view = NodeView {
+            name: &b.settings.node_name,
+            zone: node.and_then(|n| n.zone.as_deref()),
+        };
         for svc in b.state.services.values() {
             let svc_slices = slices.get(&svc.name).map(Vec::as_slice).unwrap_or_default();
             for family in IpFamily::ALL {
@@ -522,32 +531,66 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                 };
                 let (pod_src, outside_src) = sources(&b, family);
                 for port in &svc.ports {
-                    let ready: BTreeSet<SocketAddr> = endpoints_for(svc_slices, port)
+                    let eps: Vec<_> = endpoints_for(svc_slices, port)
                         .into_iter()
-                        .filter(|ep| ep.conditions.ready && IpFamily::of(&ep.addr) == family)
-                        .map(|ep| SocketAddr::new(ep.addr, ep.port))
+                        .filter(|ep| IpFamily::of(&ep.addr) == family)
                         .collect();
+                    let cat = categorize(&eps, &view);
+                    let addrs = |list: &[nodeproxy::model::Endpoint<'_>]| -> BTreeSet<SocketAddr> {
+                        list.iter()
+                            .map(|ep| SocketAddr::new(ep.addr, ep.port))
+                            .collect()
+                    };
+                    let policy = |p: TrafficPolicy| match p {
+                        TrafficPolicy::Cluster => addrs(&cat.cluster),
+                        TrafficPolicy::Local => addrs(&cat.local),
+                    };
+                    let internal = policy(svc.internal_traffic_policy);
+                    let external = policy(svc.external_traffic_policy);
+                    let unserved = if cat.has_endpoints {
+                        Fate::Drop
+                    } else {
+                        Fate::Reject
+                    };
                     let what = format!(
                         "{}: {} port {}/{}",
                         b.name, svc.name, port.port, port.protocol
                     );
                     let dst = SocketAddr::new(cluster_ip, port.port);
+                    // Pods arrive over the pod bridge or a pod interface, others over eth0; the
+                    // interface-based local detectors need one.
+                    let pod_iif = b
+                        .config
+                        .pod_bridge_interface
+                        .clone()
+                        .or_else(|| {
+                            b.config
+                                .pod_interface_name_prefix
+                                .as_ref()
+                                .map(|p| format!("{p}0"))
+                        })
+                        .unwrap_or_else(|| "veth0".to_string());
                     let pkt = |src: IpAddr, dst: SocketAddr, origin| Packet {
                         src,
                         dst: dst.ip(),
                         proto: port.protocol,
                         dport: dst.port(),
                         origin,
+                        iif: match origin {
+                            Pod => Some(pod_iif.clone()),
+                            External => Some("eth0".to_string()),
+                            Host => None,
+                        },
                     };
                     let eval = |p: Packet| eval::evaluate(&b.ruleset, &b.node_addrs, p).unwrap();
                     let pod = eval(pkt(pod_src, dst, Pod));
                     let outside = eval(pkt(outside_src, dst, External));
-                    if ready.is_empty() {
-                        assert_eq!(pod.fate(), Some(Fate::Reject), "{what}: no endpoints");
-                        assert_eq!(outside.fate(), Some(Fate::Reject), "{what}: no endpoints");
+                    if internal.is_empty() {
+                        assert_eq!(pod.fate(), Some(unserved), "{what}: unserved ClusterIP");
+                        assert_eq!(outside.fate(), Some(unserved), "{what}: unserved ClusterIP");
                     } else {
                         let got: BTreeSet<SocketAddr> = pod.dnat_targets().into_iter().collect();
-                        assert_eq!(got, ready, "{what}: DNAT targets");
+                        assert_eq!(got, internal, "{what}: DNAT targets");
                         assert_eq!(pod.fate(), Some(Fate::Accept), "{what}");
                         assert_eq!(
                             pod.masqueraded(),
@@ -556,7 +599,7 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                         );
                         let got: BTreeSet<SocketAddr> =
                             outside.dnat_targets().into_iter().collect();
-                        assert_eq!(got, ready, "{what}: DNAT targets (outside)");
+                        assert_eq!(got, internal, "{what}: DNAT targets (outside)");
                         let cidr = b
                             .settings
                             .cluster_cidrs
@@ -567,39 +610,44 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                         }
                     }
                     checked += 1;
-                    let (Some(node_port), Some(node_ip)) = (
-                        port.node_port,
-                        b.state
-                            .nodes
-                            .get(&b.settings.node_name)
-                            .and_then(|n| n.primary_ip(family)),
-                    ) else {
+                    let (Some(node_port), Some(node_ip)) =
+                        (port.node_port, node.and_then(|n| n.primary_ip(family)))
+                    else {
                         continue;
                     };
+                    if !b.settings.nodeport_addresses.selects(node_ip, true) {
+                        continue;
+                    }
                     let np = eval(pkt(
                         outside_src,
                         SocketAddr::new(node_ip, node_port),
                         External,
                     ));
-                    if ready.is_empty() {
-                        assert_eq!(
-                            np.fate(),
-                            Some(Fate::Reject),
-                            "{what}: NodePort, no endpoints"
-                        );
+                    if external.is_empty() {
+                        assert_eq!(np.fate(), Some(unserved), "{what}: unserved NodePort");
                     } else {
                         let got: BTreeSet<SocketAddr> = np.dnat_targets().into_iter().collect();
-                        assert_eq!(got, ready, "{what}: NodePort DNAT targets");
-                        masqueraded_unless_local(&np, &format!("{what}: NodePort"));
+                        assert_eq!(got, external, "{what}: NodePort DNAT targets");
+                        if svc.external_traffic_policy == TrafficPolicy::Local {
+                            assert_eq!(
+                                np.masqueraded(),
+                                Some(false),
+                                "{what}: NodePort with Local policy keeps the client address"
+                            );
+                        } else {
+                            masqueraded_unless_local(&np, &format!("{what}: NodePort"));
+                        }
                     }
                 }
             }
         }
     }
-    assert!(checked >= 15, "only {checked} service ports checked");
+    assert!(
+        checked > 20,
+        "the sweep checked only {checked} service ports"
+    );
 }
 
-/// Every branch is masqueraded, except those DNATed to one of the node's own addresses (a
 /// host-network endpoint here): they are delivered on the input path, which has no postrouting.
 fn masqueraded_unless_local(t: &Trace, what: &str) {
     for branch in &t.branches {

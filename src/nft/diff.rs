@@ -38,7 +38,7 @@ pub enum Op<'a> {
     DelSet {
         name: &'a str,
     },
-    /// Elements of `set` (definition `def`) added with `NLM_F_EXCL`.
+    /// Elements of `set` (definition `def`) added (without `NLM_F_EXCL`: see `netlink.rs`).
     AddElems {
         set: &'a str,
         def: &'a WireSet,

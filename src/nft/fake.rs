@@ -1,5 +1,5 @@
 //! An in-memory kernel for unit tests, with the nftables semantics the diff relies on:
-//! ENOENT for missing objects, EEXIST for exclusive adds, EBUSY for objects still referenced
+//! ENOENT for missing objects, EEXIST for exclusive adds and clashing elements, EBUSY for objects still referenced
 //! (element references count as of the start of the transaction, as on kernels before 6.2), and
 //! all-or-nothing transactions that report every failing operation.
 
@@ -168,8 +168,13 @@ fn apply_op(
                 if k.len() != s.key_len as usize {
                     return Err((EINVAL, object));
                 }
-                if s.elements.contains_key(*k) {
-                    return Err((EEXIST, object));
+                // Adds are not exclusive (see netlink.rs): like the kernel, an element that
+                // exists with the same data is left as it is; different data is a clash.
+                if let Some(existing) = s.elements.get(*k) {
+                    if existing.data != e.data {
+                        return Err((EEXIST, object));
+                    }
+                    continue;
                 }
                 if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
                     && !chains.iter().any(|x| x == c)

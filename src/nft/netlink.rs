@@ -143,7 +143,12 @@ pub fn encode_batch(
         match op {
             Op::AddElems { set, elems, .. } | Op::DelElems { set, elems, .. } => {
                 let (ty, flags) = if matches!(op, Op::AddElems { .. }) {
-                    (NEWSETELEM, NLM_F_CREATE | NLM_F_EXCL)
+                    // Not NLM_F_EXCL: adding an element that exists with the same data is then a
+                    // no-op. A read-back can miss elements (a set dump that overlaps the
+                    // rhashtable's deferred resize after a bulk insert skips some, and the
+                    // kernel does not flag the dump as interrupted; seen on 6.18 with 100k
+                    // elements), and such a miss must not fail the transaction.
+                    (NEWSETELEM, NLM_F_CREATE)
                 } else {
                     (DELSETELEM, 0)
                 };

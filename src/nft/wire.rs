@@ -319,6 +319,9 @@ const REJECT_TYPE: u16 = 1;
 const REJECT_ICMP_CODE: u16 = 2;
 const CT_DREG: u16 = 1;
 const CT_KEY: u16 = 2;
+const FIB_DREG: u16 = 1;
+const FIB_RESULT: u16 = 2;
+const FIB_FLAGS: u16 = 3;
 
 const DATA_VALUE: u16 = 1;
 const DATA_VERDICT: u16 = 2;
@@ -327,6 +330,15 @@ const VERDICT_CHAIN: u16 = 2;
 
 const NFT_META_MARK: u32 = 3;
 const NFT_META_L4PROTO: u32 = 16;
+const NFT_META_IIFNAME: u32 = 6;
+/// `NFT_FIB_RESULT_ADDRTYPE`, `NFTA_FIB_F_SADDR`, `NFTA_FIB_F_DADDR`, and `RTN_LOCAL` (the
+/// address type `local`, compared host-endian).
+const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
+const NFTA_FIB_F_SADDR: u32 = 1;
+const NFTA_FIB_F_DADDR: u32 = 2;
+const RTN_LOCAL: u32 = 2;
+/// `IFNAMSIZ`: nft compares an exact interface name as 16 NUL-padded bytes.
+const IFNAMSIZ: usize = 16;
 const NFT_CT_STATE: u32 = 0;
 const NFT_CT_STATUS: u32 = 2;
 const NFT_CMP_EQ: u32 = 0;
@@ -717,6 +729,40 @@ fn lower_stmt(
                     (REJECT_ICMP_CODE, vec![code]),
                 ],
             ));
+        }
+        Stmt::FibLocal { field } => {
+            let flag = match field {
+                AddrField::Saddr => NFTA_FIB_F_SADDR,
+                AddrField::Daddr => NFTA_FIB_F_DADDR,
+            };
+            out.push(WireExpr::new(
+                "fib",
+                vec![
+                    (FIB_DREG, be(1)),
+                    (FIB_RESULT, be(NFT_FIB_RESULT_ADDRTYPE)),
+                    (FIB_FLAGS, be(flag)),
+                ],
+            ));
+            out.push(cmp(NFT_CMP_EQ, &RTN_LOCAL.to_ne_bytes()));
+        }
+        Stmt::Iifname {
+            name,
+            prefix,
+            negate,
+        } => {
+            // nft compares a wildcard name by its prefix bytes only, and an exact name as the
+            // whole NUL-padded IFNAMSIZ buffer (so "eth0" does not match "eth01").
+            let bytes = name.as_bytes();
+            if bytes.len() >= IFNAMSIZ || (bytes.is_empty() && *prefix) {
+                return Err(format!("interface name {name:?} is not 1 to 15 bytes"));
+            }
+            let mut data = bytes.to_vec();
+            if !*prefix {
+                data.resize(IFNAMSIZ, 0);
+            }
+            let op = if *negate { NFT_CMP_NEQ } else { NFT_CMP_EQ };
+            out.push(meta_load(NFT_META_IIFNAME, 1));
+            out.push(cmp(op, &data));
         }
         Stmt::Verdict(v) => {
             let (code, chain) = verdict_code(v);

@@ -12,13 +12,16 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 
+use super::categorize::{NodeView, categorize};
 use super::names;
 use super::{
     AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Ruleset,
     Set, SetData, Stmt, Table, Verdict,
 };
-use crate::config::{Config, NodePortAddresses};
-use crate::model::{ClusterState, Endpoint, IpFamily, ServicePortName, endpoints_for};
+use crate::config::{Config, DetectLocalMode, NodePortAddresses};
+use crate::model::{
+    ClusterState, Endpoint, IpFamily, Node, ServicePortName, TrafficPolicy, endpoints_for,
+};
 
 /// What `build` needs beyond the cluster state: the configuration with the node name resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,25 +34,93 @@ pub struct Settings {
     /// The mark value with only the masquerade bit set.
     pub mark: u32,
     pub nodeport_addresses: NodePortAddresses,
+    /// How traffic from pods is recognised (`--detect-local-mode` and its parameter).
+    pub detect_local: DetectLocal,
+    /// `--service-cidr`: ClusterIP ranges, at most one per family. New connections to an address
+    /// in them that no Service holds are dropped.
+    pub service_cidrs: Vec<IpNet>,
+}
+
+/// The local-traffic detector (kube-proxy's `--detect-local-mode`): what tells traffic from
+/// pods apart from traffic from the node itself and from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DetectLocal {
+    /// The source address is in the cluster CIDR of its family (`Settings::cluster_cidrs`).
+    ClusterCidr,
+    /// The source address is in this Node's `spec.podCIDRs` (read from the Node object).
+    NodeCidr,
+    /// The packet arrived on this bridge interface.
+    BridgeInterface(String),
+    /// The packet arrived on an interface whose name starts with this prefix.
+    InterfaceNamePrefix(String),
 }
 
 impl Settings {
     pub fn new(config: &Config, node_name: String) -> Settings {
+        let detect_local = match config.detect_local_mode() {
+            DetectLocalMode::ClusterCidr => DetectLocal::ClusterCidr,
+            DetectLocalMode::NodeCidr => DetectLocal::NodeCidr,
+            // Config validation requires the parameter with its mode; an empty one yields no
+            // detector (see `local_match`), never a match on every interface.
+            DetectLocalMode::BridgeInterface => DetectLocal::BridgeInterface(
+                config.pod_bridge_interface.clone().unwrap_or_default(),
+            ),
+            DetectLocalMode::InterfaceNamePrefix => DetectLocal::InterfaceNamePrefix(
+                config.pod_interface_name_prefix.clone().unwrap_or_default(),
+            ),
+        };
         Settings {
             node_name,
             cluster_cidrs: config.cluster_cidr.clone(),
             masquerade_all: config.masquerade_all,
             mark: config.masquerade_mark(),
             nodeport_addresses: config.nodeport_addresses.clone(),
+            detect_local,
+            service_cidrs: config.service_cidr.clone(),
         }
     }
 
     fn cluster_cidr(&self, family: IpFamily) -> Option<IpNet> {
-        self.cluster_cidrs
-            .iter()
-            .copied()
-            .find(|net| IpFamily::of(&net.addr()) == family)
+        first_of(&self.cluster_cidrs, family)
     }
+
+    /// The statement matching traffic from pods (`negate`: traffic not from pods) in the table of
+    /// `family`, or `None` when the detector has nothing to match for this family; then the
+    /// rules that need it are left out, as kube-proxy does.
+    fn local_match(&self, node: Option<&Node>, family: IpFamily, negate: bool) -> Option<Stmt> {
+        let saddr_in = |net: IpNet| Stmt::AddrMatch {
+            field: AddrField::Saddr,
+            negate,
+            net,
+        };
+        match &self.detect_local {
+            DetectLocal::ClusterCidr => self.cluster_cidr(family).map(saddr_in),
+            DetectLocal::NodeCidr => node
+                .and_then(|n| first_of(&n.pod_cidrs, family))
+                .map(saddr_in),
+            DetectLocal::BridgeInterface(name) | DetectLocal::InterfaceNamePrefix(name)
+                if name.is_empty() =>
+            {
+                None
+            }
+            DetectLocal::BridgeInterface(name) => Some(Stmt::Iifname {
+                name: name.clone(),
+                prefix: false,
+                negate,
+            }),
+            DetectLocal::InterfaceNamePrefix(name) => Some(Stmt::Iifname {
+                name: name.clone(),
+                prefix: true,
+                negate,
+            }),
+        }
+    }
+}
+
+fn first_of(nets: &[IpNet], family: IpFamily) -> Option<IpNet> {
+    nets.iter()
+        .copied()
+        .find(|net| IpFamily::of(&net.addr()) == family)
 }
 
 /// Builds both tables.
@@ -106,51 +177,105 @@ fn goto(chain: String) -> Option<ElemData> {
     Some(ElemData::Verdict(Verdict::Goto(chain)))
 }
 
+/// Elements of the maps that `pick` chains read, by endpoint count `k`.
+type Picks = BTreeMap<usize, Elements>;
+
 #[derive(Default)]
 struct Collected {
     cluster_ips: Elements,
     nodeport_ips: Elements,
     service_ips: Elements,
     service_nodeports: Elements,
+    external_picks: Elements,
+    external_local_picks: Elements,
+    nodeport_picks: Elements,
+    nodeport_local_picks: Elements,
     no_endpoint_services: Elements,
     no_endpoint_nodeports: Elements,
     hairpin: Elements,
-    /// `pick-<k>` map elements by endpoint count.
-    picks: BTreeMap<usize, Elements>,
-    /// `nodeport-pick-<k>` map elements by endpoint count.
-    nodeport_picks: BTreeMap<usize, Elements>,
+    /// `pick-<k>-endpoints`: service address (ClusterIP or external) . proto . port . slot.
+    picks: Picks,
+    /// `local-pick-<k>-endpoints`: external address . proto . port . slot, local endpoints.
+    local_picks: Picks,
+    /// `nodeport-pick-<k>-endpoints`: proto . NodePort . slot, cluster-wide endpoints.
+    np_picks: Picks,
+    /// `nodeport-local-pick-<k>-endpoints`: proto . NodePort . slot, local endpoints.
+    np_local_picks: Picks,
 }
 
-/// The endpoints traffic may be sent to. In this version that is kube-proxy's normal case: the
-/// ready endpoints of the family.
-fn usable_endpoints(endpoints: Vec<Endpoint<'_>>, family: IpFamily) -> Vec<Endpoint<'_>> {
+/// The endpoints of `family`, the only ones a table of that family can DNAT to.
+fn of_family(endpoints: Vec<Endpoint<'_>>, family: IpFamily) -> Vec<Endpoint<'_>> {
     endpoints
         .into_iter()
-        .filter(|ep| IpFamily::of(&ep.addr) == family && ep.conditions.ready)
+        .filter(|ep| IpFamily::of(&ep.addr) == family)
         .collect()
+}
+
+/// Adds the `k` slot elements of one key to the `pick` map for `k = endpoints.len()` and returns
+/// `k`. `endpoints` is never empty here (callers send empty lists to reject/drop instead).
+fn add_picks(
+    picks: &mut Picks,
+    key: &[Atom],
+    endpoints: &[Endpoint<'_>],
+    origin: &Origin,
+) -> usize {
+    let k = endpoints.len();
+    let elements = picks.entry(k).or_default();
+    for (slot, ep) in endpoints.iter().enumerate() {
+        let mut key = key.to_vec();
+        key.push(slot_atom(slot));
+        insert(elements, element(key, Some(endpoint_data(ep)), origin));
+    }
+    k
+}
+
+/// The addresses NodePorts answer on for `family`, from the Node object: its primary InternalIP
+/// for `primary`, and its InternalIPs and ExternalIPs inside the configured CIDRs. The Node
+/// object, not the host's interfaces, is the source so that `--dry-run` prints the same ruleset
+/// on any machine for the same input, and so that an address a CNI or keepalived adds to an
+/// interface does not silently start answering NodePorts. Loopback addresses never answer.
+fn nodeport_addresses(settings: &Settings, node: Option<&Node>, family: IpFamily) -> Elements {
+    let Some(node) = node else {
+        return Vec::new();
+    };
+    let primary = node.primary_ip(family);
+    let mut out = Vec::new();
+    for ip in node.internal_ips.iter().chain(&node.external_ips).copied() {
+        if IpFamily::of(&ip) != family
+            || ip.is_loopback()
+            || !settings.nodeport_addresses.selects(ip, Some(ip) == primary)
+        {
+            continue;
+        }
+        let comment = if Some(ip) == primary {
+            format!("primary address of node {}", node.name)
+        } else {
+            format!("address of node {} in --nodeport-addresses", node.name)
+        };
+        out.push(Element {
+            key: vec![Atom::Addr(ip)],
+            data: None,
+            comment: Some(Arc::from(names::comment(&comment))),
+            origin: None,
+        });
+    }
+    out
 }
 
 fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Collected {
     let mut c = Collected::default();
     let node = state.nodes.get(&settings.node_name);
-    // Only the Node's primary address is programmed, and only when the selection includes it
-    // (`primary`, `all`, or a CIDR containing it), so a NodePort never answers on an address
-    // that was not selected. The other addresses that `all` and CIDR lists select are not
-    // programmed in this version; for the default, `primary`, this is kube-proxy's complete
-    // nftables behaviour.
-    if let Some(ip) = node.and_then(|n| n.primary_ip(family))
-        && settings.nodeport_addresses.selects(ip, true)
-    {
-        c.nodeport_ips.push(Element {
-            key: vec![Atom::Addr(ip)],
-            data: None,
-            comment: Some(Arc::from(format!(
-                "primary address of node {}",
-                settings.node_name
-            ))),
-            origin: None,
-        });
+    // With `all` (or a /0 CIDR) NodePorts answer on every local address through `fib daddr
+    // type local`, and the set stays unused.
+    if !settings.nodeport_addresses.all_of(family) {
+        c.nodeport_ips = nodeport_addresses(settings, node, family);
     }
+    let view = NodeView {
+        name: &settings.node_name,
+        zone: node.and_then(|n| n.zone.as_deref()),
+    };
+    let reject = || goto(names::REJECT_CHAIN.into());
+    let drop = || Some(ElemData::Verdict(Verdict::Drop));
 
     let slices = state.slices_by_service();
     for svc in state.services.values() {
@@ -160,6 +285,19 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
         let Some(cluster_ip) = svc.cluster_ip(family) else {
             continue;
         };
+        // externalIPs and LoadBalancer ingress IPs behave the same (only loadBalancer source
+        // ranges tell them apart, elsewhere).
+        let mut external: Vec<IpAddr> = svc
+            .external_ips
+            .iter()
+            .chain(&svc.load_balancer_ips)
+            .copied()
+            .filter(|ip| IpFamily::of(ip) == family)
+            .collect();
+        external.sort();
+        external.dedup();
+        let internal_local = svc.internal_traffic_policy == TrafficPolicy::Local;
+        let external_local = svc.external_traffic_policy == TrafficPolicy::Local;
         for port in &svc.ports {
             let origin = Origin::new(svc.port_name(port));
             let proto = Atom::Proto(port.protocol);
@@ -168,56 +306,119 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
                 &mut c.cluster_ips,
                 element(vec![Atom::Addr(cluster_ip)], None, &origin),
             );
-            let endpoints = usable_endpoints(endpoints_for(svc_slices, port), family);
-            let k = endpoints.len();
+            let all = of_family(endpoints_for(svc_slices, port), family);
+            let eps = categorize(&all, &view);
             let service_key = vec![Atom::Addr(cluster_ip), proto, svc_port];
-            if k == 0 {
+            let np_key = port.node_port.map(|np| vec![proto, Atom::Port(np)]);
+            if !eps.has_endpoints {
+                // No endpoint anywhere: refuse at once on every address (kube-proxy §2.12).
                 insert(
                     &mut c.no_endpoint_services,
-                    element(service_key, goto(names::REJECT_CHAIN.into()), &origin),
+                    element(service_key, reject(), &origin),
                 );
-                if let Some(node_port) = port.node_port {
+                for addr in &external {
+                    insert(
+                        &mut c.no_endpoint_services,
+                        element(vec![Atom::Addr(*addr), proto, svc_port], reject(), &origin),
+                    );
+                }
+                if let Some(np_key) = np_key {
                     insert(
                         &mut c.no_endpoint_nodeports,
-                        element(
-                            vec![proto, Atom::Port(node_port)],
-                            goto(names::REJECT_CHAIN.into()),
-                            &origin,
-                        ),
+                        element(np_key, reject(), &origin),
                     );
                 }
                 continue;
             }
-            insert(
-                &mut c.service_ips,
-                element(service_key.clone(), goto(names::pick_chain(k)), &origin),
-            );
-            let picks = c.picks.entry(k).or_default();
-            for (slot, ep) in endpoints.iter().enumerate() {
-                let mut key = service_key.clone();
-                key.push(slot_atom(slot));
-                insert(picks, element(key, Some(endpoint_data(ep)), &origin));
-            }
-            if let Some(node_port) = port.node_port {
-                let np_key = vec![proto, Atom::Port(node_port)];
+
+            // ClusterIP: internalTrafficPolicy picks the list. Local without a local endpoint
+            // drops: there are endpoints, just none this policy may use.
+            let internal = if internal_local {
+                &eps.local
+            } else {
+                &eps.cluster
+            };
+            if internal.is_empty() {
                 insert(
-                    &mut c.service_nodeports,
-                    element(np_key.clone(), goto(names::nodeport_pick_chain(k)), &origin),
+                    &mut c.no_endpoint_services,
+                    element(service_key, drop(), &origin),
                 );
-                let picks = c.nodeport_picks.entry(k).or_default();
-                for (slot, ep) in endpoints.iter().enumerate() {
-                    let mut key = np_key.clone();
-                    key.push(slot_atom(slot));
-                    insert(picks, element(key, Some(endpoint_data(ep)), &origin));
+            } else {
+                let k = add_picks(&mut c.picks, &service_key, internal, &origin);
+                insert(
+                    &mut c.service_ips,
+                    element(service_key, goto(names::pick_chain(k)), &origin),
+                );
+            }
+
+            // External addresses and the NodePort: externalTrafficPolicy picks the static
+            // chain; both endpoint lists are data, so the chain can short-circuit pods and the
+            // node itself to the cluster-wide list (kubernetes#131765) whatever the policy.
+            // `has_endpoints` guarantees the cluster-wide list is not empty.
+            let (ext_chain, np_chain) = if external_local {
+                (names::EXTERNAL_LOCAL, names::NODEPORT_LOCAL)
+            } else {
+                (names::EXTERNAL_CLUSTER, names::NODEPORT_CLUSTER)
+            };
+            for addr in &external {
+                let key = vec![Atom::Addr(*addr), proto, svc_port];
+                insert(
+                    &mut c.service_ips,
+                    element(key.clone(), goto(ext_chain.into()), &origin),
+                );
+                let k = add_picks(&mut c.picks, &key, &eps.cluster, &origin);
+                insert(
+                    &mut c.external_picks,
+                    element(key.clone(), goto(names::pick_chain(k)), &origin),
+                );
+                if !external_local {
+                    continue;
+                }
+                if eps.local.is_empty() {
+                    insert(&mut c.no_endpoint_services, element(key, drop(), &origin));
+                } else {
+                    let k = add_picks(&mut c.local_picks, &key, &eps.local, &origin);
+                    insert(
+                        &mut c.external_local_picks,
+                        element(key, goto(names::local_pick_chain(k)), &origin),
+                    );
                 }
             }
+            if let Some(np_key) = np_key {
+                insert(
+                    &mut c.service_nodeports,
+                    element(np_key.clone(), goto(np_chain.into()), &origin),
+                );
+                let k = add_picks(&mut c.np_picks, &np_key, &eps.cluster, &origin);
+                insert(
+                    &mut c.nodeport_picks,
+                    element(np_key.clone(), goto(names::nodeport_pick_chain(k)), &origin),
+                );
+                if external_local {
+                    if eps.local.is_empty() {
+                        insert(
+                            &mut c.no_endpoint_nodeports,
+                            element(np_key, drop(), &origin),
+                        );
+                    } else {
+                        let k = add_picks(&mut c.np_local_picks, &np_key, &eps.local, &origin);
+                        insert(
+                            &mut c.nodeport_local_picks,
+                            element(np_key, goto(names::nodeport_local_pick_chain(k)), &origin),
+                        );
+                    }
+                }
+            }
+
             // Hairpin: a pod reaching itself through the Service must be masqueraded, or it
             // would see a reply from its own address to itself and drop it. Only endpoints on
             // this node can be their own clients here; an endpoint without a nodeName might be.
-            for ep in endpoints
-                .iter()
-                .filter(|ep| ep.node_name.is_none_or(|name| name == settings.node_name))
-            {
+            // Every usable endpoint is listed, whichever list uses it: the set only matters
+            // for connections DNATed back to their own source.
+            for ep in all.iter().filter(|ep| {
+                (ep.conditions.ready || (ep.conditions.serving && ep.conditions.terminating))
+                    && ep.node_name.is_none_or(|name| name == settings.node_name)
+            }) {
                 insert(
                     &mut c.hairpin,
                     element(
@@ -312,51 +513,207 @@ const PRIO_DSTNAT: i32 = -100;
 const PRIO_FILTER: i32 = 0;
 const PRIO_SRCNAT: i32 = 100;
 
+/// One kind of `pick` chain: which key it reads, which names and comments it gets.
+struct PickKind {
+    chain: fn(usize) -> String,
+    map: fn(usize) -> String,
+    key: fn() -> Vec<KeyField>,
+    /// What the map's key is, for its comment.
+    map_what: &'static str,
+    /// What traffic the chain DNATs, for its comment.
+    chain_what: &'static str,
+}
+
+const PICK_KINDS: [PickKind; 4] = [
+    PickKind {
+        chain: names::pick_chain,
+        map: names::pick_map,
+        key: service_key,
+        map_what: "service address . protocol . port . slot to endpoint",
+        chain_what: "DNAT service address traffic to one of",
+    },
+    PickKind {
+        chain: names::local_pick_chain,
+        map: names::local_pick_map,
+        key: service_key,
+        map_what: "external address . protocol . port . slot to local endpoint",
+        chain_what: "DNAT external address traffic to one of",
+    },
+    PickKind {
+        chain: names::nodeport_pick_chain,
+        map: names::nodeport_pick_map,
+        key: nodeport_key,
+        map_what: "protocol . NodePort . slot to endpoint",
+        chain_what: "DNAT NodePort traffic to one of",
+    },
+    PickKind {
+        chain: names::nodeport_local_pick_chain,
+        map: names::nodeport_local_pick_map,
+        key: nodeport_key,
+        map_what: "protocol . NodePort . slot to local endpoint",
+        chain_what: "DNAT NodePort traffic to one of",
+    },
+];
+
+/// The `pick` maps and chains of one kind, one per endpoint count in use.
+fn pick_objects(kind: &PickKind, picks: Picks, sets: &mut Vec<Set>, chains: &mut Vec<Chain>) {
+    for (k, elements) in picks {
+        let modulus = u32::try_from(k).unwrap_or(u32::MAX);
+        let mut key = (kind.key)();
+        key.push(KeyField::Numgen { modulus });
+        let local = if kind.map_what.contains("local") {
+            " local"
+        } else {
+            ""
+        };
+        // The count is in the name: nft keeps the comment and the `typeof` description in one
+        // 256-byte userdata, so map comments must stay short.
+        let mut s = set(
+            &(kind.map)(k),
+            kind.map_what,
+            key.clone(),
+            Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
+            elements,
+        );
+        s.typeof_ = true;
+        sets.push(s);
+        chains.push(chain(
+            &(kind.chain)(k),
+            &format!(
+                "{} {k}{local} endpoints, uniformly at random",
+                kind.chain_what
+            ),
+            None,
+            vec![vec![Stmt::DnatMap {
+                key,
+                map: (kind.map)(k),
+            }]],
+        ));
+    }
+}
+
+/// The rules of a Local-policy chain for external traffic (kube-proxy's `external-` chain with
+/// ETP=Local, §2.5), reading `cluster_picks` and `local_picks`, maps keyed by `key`: traffic
+/// from pods goes to the cluster-wide endpoints as if it came back from the load balancer;
+/// traffic from the node itself too, masqueraded (its source would be the node or VIP
+/// address); everything else to this node's endpoints, unmasqueraded so the client address is
+/// kept. With no local endpoint the lookup misses, the packet leaves without DNAT, and the
+/// `drop` element of the no-endpoint check stops it.
+fn local_policy_rules(
+    local: Option<Stmt>,
+    mark: u32,
+    key: fn() -> Vec<KeyField>,
+    cluster_picks: &str,
+    local_picks: &str,
+) -> Vec<Vec<Stmt>> {
+    let mut rules = Vec::new();
+    if let Some(local) = local {
+        rules.push(vec![local, vmap(key(), cluster_picks)]);
+    }
+    rules.push(vec![
+        Stmt::FibLocal {
+            field: AddrField::Saddr,
+        },
+        Stmt::MarkOr(mark),
+        vmap(key(), cluster_picks),
+    ]);
+    rules.push(vec![vmap(key(), local_picks)]);
+    rules
+}
+
+/// 127.0.0.0/8 or ::1/128.
+fn loopback(family: IpFamily) -> IpNet {
+    match family {
+        IpFamily::V4 => IpNet::V4(ipnet::Ipv4Net::new_assert(
+            std::net::Ipv4Addr::new(127, 0, 0, 0),
+            8,
+        )),
+        IpFamily::V6 => IpNet::V6(ipnet::Ipv6Net::new_assert(
+            std::net::Ipv6Addr::LOCALHOST,
+            128,
+        )),
+    }
+}
+
 fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> Table {
     let c = collect(state, settings, family);
     let mark = settings.mark;
+    let node = state.nodes.get(&settings.node_name);
+    let all_addresses = settings.nodeport_addresses.all_of(family);
 
-    let mut sets = vec![
-        set(
-            names::CLUSTER_IPS,
-            "active ClusterIPs",
-            vec![KeyField::Daddr],
-            None,
-            c.cluster_ips,
-        ),
-        set(
+    let verdicts = Some(SetData::Verdict);
+    let mut sets = vec![set(
+        names::CLUSTER_IPS,
+        "active ClusterIPs",
+        vec![KeyField::Daddr],
+        None,
+        c.cluster_ips,
+    )];
+    if !all_addresses {
+        sets.push(set(
             names::NODEPORT_IPS,
             "local addresses that accept NodePort traffic (--nodeport-addresses)",
             vec![KeyField::Daddr],
             None,
             c.nodeport_ips,
-        ),
+        ));
+    }
+    sets.extend([
         set(
             names::SERVICE_IPS,
-            "ClusterIP . protocol . port of services with endpoints: the chain that picks one",
+            "ClusterIP, external IP and LoadBalancer IP . protocol . port of services with \
+             endpoints: the chain that handles them",
             service_key(),
-            Some(SetData::Verdict),
+            verdicts.clone(),
             c.service_ips,
         ),
         set(
             names::SERVICE_NODEPORTS,
-            "protocol . NodePort of services with endpoints: the chain that picks one",
+            "protocol . NodePort of services with endpoints: the chain for its traffic policy",
             nodeport_key(),
-            Some(SetData::Verdict),
+            verdicts.clone(),
             c.service_nodeports,
         ),
         set(
-            names::NO_ENDPOINT_SERVICES,
-            "ClusterIP . protocol . port of services without usable endpoints: reject or drop",
+            names::EXTERNAL_PICKS,
+            "external address . protocol . port: the chain that picks a cluster-wide endpoint",
             service_key(),
-            Some(SetData::Verdict),
+            verdicts.clone(),
+            c.external_picks,
+        ),
+        set(
+            names::EXTERNAL_LOCAL_PICKS,
+            "external address . protocol . port: the chain that picks an endpoint on this node",
+            service_key(),
+            verdicts.clone(),
+            c.external_local_picks,
+        ),
+        set(
+            names::NODEPORT_PICKS,
+            "protocol . NodePort: the chain that picks a cluster-wide endpoint",
+            nodeport_key(),
+            verdicts.clone(),
+            c.nodeport_picks,
+        ),
+        set(
+            names::NODEPORT_LOCAL_PICKS,
+            "protocol . NodePort: the chain that picks an endpoint on this node",
+            nodeport_key(),
+            verdicts.clone(),
+            c.nodeport_local_picks,
+        ),
+        set(
+            names::NO_ENDPOINT_SERVICES,
+            "service address . protocol . port without usable endpoints: reject or drop",
+            service_key(),
+            verdicts.clone(),
             c.no_endpoint_services,
         ),
         set(
             names::NO_ENDPOINT_NODEPORTS,
             "protocol . NodePort of services without usable endpoints: reject or drop",
             nodeport_key(),
-            Some(SetData::Verdict),
+            verdicts,
             c.no_endpoint_nodeports,
         ),
         set(
@@ -371,60 +728,15 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
             None,
             c.hairpin,
         ),
-    ];
+    ]);
 
-    let endpoint_data = || Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport]));
     let mut pick_chains = Vec::new();
-    for (k, elements) in c.picks {
-        let modulus = u32::try_from(k).unwrap_or(u32::MAX);
-        let mut key = service_key();
-        key.push(KeyField::Numgen { modulus });
-        let mut s = set(
-            &names::pick_map(k),
-            &format!("ClusterIP . protocol . port . slot to endpoint, services with {k} endpoints"),
-            key.clone(),
-            endpoint_data(),
-            elements,
-        );
-        s.typeof_ = true;
-        sets.push(s);
-        pick_chains.push(chain(
-            &names::pick_chain(k),
-            &format!("DNAT ClusterIP traffic to one of {k} endpoints, uniformly at random"),
-            None,
-            vec![vec![Stmt::DnatMap {
-                key,
-                map: names::pick_map(k),
-            }]],
-        ));
-    }
-    for (k, elements) in c.nodeport_picks {
-        let modulus = u32::try_from(k).unwrap_or(u32::MAX);
-        let mut key = nodeport_key();
-        key.push(KeyField::Numgen { modulus });
-        let mut s = set(
-            &names::nodeport_pick_map(k),
-            &format!("protocol . NodePort . slot to endpoint, services with {k} endpoints"),
-            key.clone(),
-            endpoint_data(),
-            elements,
-        );
-        s.typeof_ = true;
-        sets.push(s);
-        // External traffic to a Cluster-policy service is always masqueraded, so replies
-        // return through this node and its conntrack entry.
-        pick_chains.push(chain(
-            &names::nodeport_pick_chain(k),
-            &format!("masquerade and DNAT NodePort traffic to one of {k} endpoints"),
-            None,
-            vec![vec![
-                Stmt::MarkOr(mark),
-                Stmt::DnatMap {
-                    key,
-                    map: names::nodeport_pick_map(k),
-                },
-            ]],
-        ));
+    for (kind, picks) in
+        PICK_KINDS
+            .iter()
+            .zip([c.picks, c.local_picks, c.np_picks, c.np_local_picks])
+    {
+        pick_objects(kind, picks, &mut sets, &mut pick_chains);
     }
 
     let mut services_rules = Vec::new();
@@ -433,25 +745,69 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
             in_set(vec![KeyField::Daddr], names::CLUSTER_IPS),
             Stmt::MarkOr(mark),
         ]);
-    } else if let Some(cidr) = settings.cluster_cidr(family) {
-        // Off-cluster clients that route the service range to a node must get replies back
-        // through it; pod sources keep their address.
+    } else if let Some(not_local) = settings.local_match(node, family, true) {
+        // Off-cluster clients that route the service range to a node, and the node itself,
+        // must get replies back through it; pod sources keep their address.
         services_rules.push(vec![
             in_set(vec![KeyField::Daddr], names::CLUSTER_IPS),
-            Stmt::AddrMatch {
-                field: AddrField::Saddr,
-                negate: true,
-                net: cidr,
-            },
+            not_local,
             Stmt::MarkOr(mark),
         ]);
     }
     services_rules.push(vec![vmap(service_key(), names::SERVICE_IPS)]);
-    services_rules.push(vec![
-        in_set(vec![KeyField::Daddr], names::NODEPORT_IPS),
-        vmap(nodeport_key(), names::SERVICE_NODEPORTS),
-    ]);
+    // NodePorts answer on the selected node addresses, or on every local address but loopback
+    // (kube-proxy does not support localhost NodePorts in nftables mode).
+    let nodeport_daddr = || {
+        if all_addresses {
+            vec![
+                Stmt::FibLocal {
+                    field: AddrField::Daddr,
+                },
+                Stmt::AddrMatch {
+                    field: AddrField::Daddr,
+                    negate: true,
+                    net: loopback(family),
+                },
+            ]
+        } else {
+            vec![in_set(vec![KeyField::Daddr], names::NODEPORT_IPS)]
+        }
+    };
+    let mut nodeport_rule = nodeport_daddr();
+    nodeport_rule.push(vmap(nodeport_key(), names::SERVICE_NODEPORTS));
+    services_rules.push(nodeport_rule);
 
+    // Only new connections reach the filter checks; in `filter-input` the address is local
+    // already, so `all` needs only the loopback exclusion there.
+    let mut nodeport_check = if all_addresses {
+        vec![Stmt::AddrMatch {
+            field: AddrField::Daddr,
+            negate: true,
+            net: loopback(family),
+        }]
+    } else {
+        vec![in_set(vec![KeyField::Daddr], names::NODEPORT_IPS)]
+    };
+    nodeport_check.push(vmap(nodeport_key(), names::NO_ENDPOINT_NODEPORTS));
+
+    let mut cluster_ips_check = vec![vec![
+        in_set(vec![KeyField::Daddr], names::CLUSTER_IPS),
+        Stmt::Reject,
+    ]];
+    if let Some(cidr) = first_of(&settings.service_cidrs, family) {
+        // An address of the service range that no Service holds: nothing will ever answer,
+        // so drop rather than let the packet wander off to the default route.
+        cluster_ips_check.push(vec![
+            Stmt::AddrMatch {
+                field: AddrField::Daddr,
+                negate: false,
+                net: cidr,
+            },
+            Stmt::Verdict(Verdict::Drop),
+        ]);
+    }
+
+    let local = || settings.local_match(node, family, false);
     let mut chains = vec![
         chain(
             names::NAT_PREROUTING,
@@ -500,9 +856,53 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
         ),
         chain(
             names::SERVICES,
-            "dispatch by destination: ClusterIPs, then NodePorts on NodePort addresses",
+            "dispatch by destination: service addresses, then NodePorts on NodePort addresses",
             None,
             services_rules,
+        ),
+        chain(
+            names::EXTERNAL_CLUSTER,
+            "externalTrafficPolicy Cluster, external and LoadBalancer IPs: masquerade, any endpoint",
+            None,
+            vec![vec![
+                Stmt::MarkOr(mark),
+                vmap(service_key(), names::EXTERNAL_PICKS),
+            ]],
+        ),
+        chain(
+            names::EXTERNAL_LOCAL,
+            "externalTrafficPolicy Local, external and LoadBalancer IPs: pods and this node to \
+             any endpoint, others to local ones",
+            None,
+            local_policy_rules(
+                local(),
+                mark,
+                service_key,
+                names::EXTERNAL_PICKS,
+                names::EXTERNAL_LOCAL_PICKS,
+            ),
+        ),
+        chain(
+            names::NODEPORT_CLUSTER,
+            "externalTrafficPolicy Cluster, NodePorts: masquerade, any endpoint",
+            None,
+            vec![vec![
+                Stmt::MarkOr(mark),
+                vmap(nodeport_key(), names::NODEPORT_PICKS),
+            ]],
+        ),
+        chain(
+            names::NODEPORT_LOCAL,
+            "externalTrafficPolicy Local, NodePorts: pods and this node to any endpoint, others \
+             to local ones",
+            None,
+            local_policy_rules(
+                local(),
+                mark,
+                nodeport_key,
+                names::NODEPORT_PICKS,
+                names::NODEPORT_LOCAL_PICKS,
+            ),
         ),
         chain(
             names::MASQUERADING,
@@ -541,19 +941,13 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
             names::NODEPORT_ENDPOINTS_CHECK,
             "NodePorts of services without usable endpoints",
             None,
-            vec![vec![
-                in_set(vec![KeyField::Daddr], names::NODEPORT_IPS),
-                vmap(nodeport_key(), names::NO_ENDPOINT_NODEPORTS),
-            ]],
+            vec![nodeport_check],
         ),
         chain(
             names::CLUSTER_IPS_CHECK,
-            "reject traffic to ClusterIP ports that no service defines",
+            "reject traffic to ClusterIP ports that no service defines, drop unallocated ones",
             None,
-            vec![vec![
-                in_set(vec![KeyField::Daddr], names::CLUSTER_IPS),
-                Stmt::Reject,
-            ]],
+            cluster_ips_check,
         ),
         chain(
             names::REJECT_CHAIN,
@@ -588,27 +982,41 @@ pub fn diagnostics(state: &ClusterState, settings: &Settings) -> Vec<String> {
                 let wanted = state.services.values().any(|s| {
                     s.cluster_ip(family).is_some() && s.ports.iter().any(|p| p.node_port.is_some())
                 });
-                if wanted && node.primary_ip(family).is_none() {
+                if wanted
+                    && !settings.nodeport_addresses.all_of(family)
+                    && nodeport_addresses(settings, Some(node), family).is_empty()
+                {
                     out.push(format!(
-                        "Node {} has no {family} InternalIP: {family} NodePorts are not programmed",
+                        "no {family} address of Node {} is selected by --nodeport-addresses \
+                         (only the Node object's InternalIPs and ExternalIPs are considered): \
+                         {family} NodePorts are not answered",
                         node.name
                     ));
                 }
             }
         }
     }
-    if !settings.masquerade_all {
-        for family in IpFamily::ALL {
-            let used = state
-                .services
-                .values()
-                .any(|s| s.cluster_ip(family).is_some());
-            if used && settings.cluster_cidr(family).is_none() {
-                out.push(format!(
-                    "no {family} --cluster-cidr: {family} traffic to ClusterIPs from outside the \
-                     pod network is not masqueraded"
-                ));
-            }
+    for family in IpFamily::ALL {
+        let used = state
+            .services
+            .values()
+            .any(|s| s.cluster_ip(family).is_some());
+        if used && settings.local_match(node, family, false).is_none() {
+            let what = match &settings.detect_local {
+                DetectLocal::ClusterCidr => format!("no {family} --cluster-cidr"),
+                DetectLocal::NodeCidr => format!("the Node has no {family} podCIDR"),
+                DetectLocal::BridgeInterface(_) => "no --pod-bridge-interface".to_string(),
+                DetectLocal::InterfaceNamePrefix(_) => "no --pod-interface-name-prefix".to_string(),
+            };
+            let masq = if settings.masquerade_all {
+                ""
+            } else {
+                "traffic to ClusterIPs from outside the pod network is not masqueraded, and "
+            };
+            out.push(format!(
+                "{what}: {family} {masq}pod traffic to externalTrafficPolicy: Local services \
+                 is not short-circuited to all endpoints"
+            ));
         }
     }
     let mut seen: BTreeMap<(IpAddr, u16, crate::model::Protocol), ServicePortName> =
@@ -646,25 +1054,13 @@ pub fn diagnostics(state: &ClusterState, settings: &Settings) -> Vec<String> {
         .values()
         .filter_map(|s| {
             let mut what = Vec::new();
-            if !s.external_ips.is_empty() {
-                what.push("externalIPs");
-            }
-            if !s.load_balancer_ips.is_empty() {
-                what.push("LoadBalancer ingress IPs");
-            }
-            if s.external_traffic_policy == crate::model::TrafficPolicy::Local {
-                what.push("externalTrafficPolicy: Local");
-            }
-            if s.internal_traffic_policy == crate::model::TrafficPolicy::Local {
-                what.push("internalTrafficPolicy: Local");
-            }
             if s.session_affinity_timeout.is_some() {
                 what.push("sessionAffinity: ClientIP");
             }
             (!what.is_empty()).then(|| {
                 format!(
-                    "Service {} uses {} which this version does not implement yet; its \
-                     ClusterIP and NodePorts are served with Cluster policy and no affinity",
+                    "Service {} uses {} which this version does not implement yet; it is \
+                     served without affinity",
                     s.name,
                     what.join(", ")
                 )

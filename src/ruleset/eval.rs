@@ -57,13 +57,16 @@ impl Origin {
 }
 
 /// The first packet of a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packet {
     pub src: IpAddr,
     pub dst: IpAddr,
     pub proto: Protocol,
     pub dport: u16,
     pub origin: Origin,
+    /// The interface the packet arrived on, for `iifname` matches (`--detect-local-mode
+    /// BridgeInterface` / `InterfaceNamePrefix`). Locally generated packets have none.
+    pub iif: Option<String>,
 }
 
 /// The routing decision taken after the first hook (and so after DNAT).
@@ -293,7 +296,7 @@ pub fn evaluate(
     let mut pending: Vec<Vec<u32>> = vec![Vec::new()];
     let mut branches = Vec::new();
     while let Some(forced) = pending.pop() {
-        let mut run = Run::new(&tables, family, local_addrs, packet, forced.clone());
+        let mut run = Run::new(&tables, family, local_addrs, packet.clone(), forced.clone());
         run.path()?;
         let fresh = run.moduli.iter().enumerate().skip(forced.len());
         for (pos, &modulus) in fresh {
@@ -762,6 +765,35 @@ impl<'a> Run<'a> {
         Ok(match stmt {
             // Every evaluated packet is the first of its connection.
             Stmt::CtStateNew => Flow::Next,
+            Stmt::FibLocal { field } => holds(self.is_local(match field {
+                AddrField::Saddr => self.pkt.src,
+                AddrField::Daddr => self.pkt.dst,
+            })),
+            Stmt::Iifname {
+                name,
+                prefix,
+                negate,
+            } => {
+                let iif = match (&self.pkt.iif, self.pkt.origin) {
+                    (Some(iif), _) => iif.as_str(),
+                    // Locally generated packets have no input interface: nft compares an empty
+                    // name.
+                    (None, Origin::Host) => "",
+                    (None, _) => {
+                        return Err(self.unsupported(
+                            ctx,
+                            stmt,
+                            "needs the interface the packet arrived on (explain --iif)",
+                        ));
+                    }
+                };
+                let matches = if *prefix {
+                    iif.starts_with(name.as_str())
+                } else {
+                    iif == name
+                };
+                holds(matches != *negate)
+            }
             Stmt::CtStatusDnat => holds(self.dnat.is_some()),
             Stmt::AddrMatch { field, negate, net } => {
                 let addr = match field {

@@ -5,6 +5,7 @@
 //! lowers it to kernel objects.
 
 pub mod build;
+pub mod categorize;
 pub mod eval;
 pub mod names;
 pub mod render;
@@ -158,6 +159,18 @@ pub enum Stmt {
     },
     /// `reject`: ICMP port unreachable (ICMPv6 in `ip6`).
     Reject,
+    /// `fib saddr type local` / `fib daddr type local`: the address is one of this host's
+    /// (routing table `local`), whatever interface holds it.
+    FibLocal {
+        field: AddrField,
+    },
+    /// `iifname "eth0"`, `iifname "veth*"` (when `prefix`), or with `!=` when `negate`: the
+    /// name of the interface the packet arrived on. Locally generated packets have none.
+    Iifname {
+        name: String,
+        prefix: bool,
+        negate: bool,
+    },
     Verdict(Verdict),
 }
 

@@ -30,6 +30,22 @@ pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const HAIRPIN_CONNECTIONS: &str = "hairpin-connections";
 
+/// Static chains that external traffic (externalIPs, LoadBalancer IPs, NodePorts) is sent to by
+/// its traffic policy; they pick the endpoint list (cluster-wide or local) by source.
+pub const EXTERNAL_CLUSTER: &str = "external-cluster";
+pub const EXTERNAL_LOCAL: &str = "external-local";
+pub const NODEPORT_CLUSTER: &str = "nodeport-cluster";
+pub const NODEPORT_LOCAL: &str = "nodeport-local";
+
+/// External address . protocol . port → `goto pick-<k>` (cluster-wide endpoints).
+pub const EXTERNAL_PICKS: &str = "external-picks";
+/// External address . protocol . port → `goto local-pick-<k>` (this node's endpoints).
+pub const EXTERNAL_LOCAL_PICKS: &str = "external-local-picks";
+/// Protocol . NodePort → `goto nodeport-pick-<k>` (cluster-wide endpoints).
+pub const NODEPORT_PICKS: &str = "nodeport-picks";
+/// Protocol . NodePort → `goto nodeport-local-pick-<k>` (this node's endpoints).
+pub const NODEPORT_LOCAL_PICKS: &str = "nodeport-local-picks";
+
 /// The chain that DNATs ClusterIP traffic to one of `k` endpoints.
 pub fn pick_chain(k: usize) -> String {
     format!("pick-{k}")
@@ -40,7 +56,27 @@ pub fn pick_map(k: usize) -> String {
     format!("pick-{k}-endpoints")
 }
 
-/// The chain that marks NodePort traffic for masquerade and DNATs it to one of `k` endpoints.
+/// The chain that DNATs external-address traffic to one of `k` endpoints on this node.
+pub fn local_pick_chain(k: usize) -> String {
+    format!("local-pick-{k}")
+}
+
+/// The map `local-pick-<k>` reads: external address . protocol . port . slot → endpoint.
+pub fn local_pick_map(k: usize) -> String {
+    format!("local-pick-{k}-endpoints")
+}
+
+/// The chain that DNATs NodePort traffic to one of `k` endpoints on this node.
+pub fn nodeport_local_pick_chain(k: usize) -> String {
+    format!("nodeport-local-pick-{k}")
+}
+
+/// The map `nodeport-local-pick-<k>` reads: protocol . node port . slot → endpoint.
+pub fn nodeport_local_pick_map(k: usize) -> String {
+    format!("nodeport-local-pick-{k}-endpoints")
+}
+
+/// The chain that DNATs NodePort traffic to one of `k` (cluster-wide) endpoints.
 pub fn nodeport_pick_chain(k: usize) -> String {
     format!("nodeport-pick-{k}")
 }

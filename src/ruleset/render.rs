@@ -285,6 +285,19 @@ pub fn stmt(family: IpFamily, s: &Stmt) -> String {
             }
         }
         Stmt::Reject => "reject".to_string(),
+        Stmt::FibLocal { field } => match field {
+            AddrField::Saddr => "fib saddr type local".to_string(),
+            AddrField::Daddr => "fib daddr type local".to_string(),
+        },
+        Stmt::Iifname {
+            name,
+            prefix,
+            negate,
+        } => {
+            let op = if *negate { "!= " } else { "" };
+            let star = if *prefix { "*" } else { "" };
+            format!("iifname {op}{}", quote(&format!("{name}{star}")))
+        }
         Stmt::Verdict(v) => verdict(v),
     }
 }

@@ -97,6 +97,10 @@ pub fn table(family: IpFamily) -> Table {
                 vec!["2001:db8:1:2::/64", "2001:db8::1/128"],
             ),
         };
+    let loopback = match family {
+        IpFamily::V4 => "127.0.0.0/8",
+        IpFamily::V6 => "::1/128",
+    };
     let dns = spn("kube-system", "kube-dns", "dns");
     let api = spn("default", "kubernetes", "https");
     let svc3 = |addr: &str, p: Protocol, port: u16| {
@@ -384,6 +388,69 @@ pub fn table(family: IpFamily) -> Table {
             "",
             None,
             vec![vec![Stmt::Verdict(Verdict::Goto("pick-1".into()))]],
+        ),
+        chain(
+            "by-source",
+            "local-traffic detectors and local-address checks",
+            None,
+            vec![
+                vec![
+                    Stmt::FibLocal {
+                        field: AddrField::Saddr,
+                    },
+                    Stmt::MarkOr(0x4000),
+                    Stmt::Vmap {
+                        key: vec![Daddr, L4Proto, ThDport],
+                        map: "service-ips".into(),
+                    },
+                ],
+                vec![
+                    Stmt::FibLocal {
+                        field: AddrField::Daddr,
+                    },
+                    Stmt::AddrMatch {
+                        field: AddrField::Daddr,
+                        negate: true,
+                        net: loopback.parse().unwrap(),
+                    },
+                    Stmt::Vmap {
+                        key: vec![L4Proto, ThDport],
+                        map: "service-nodeports".into(),
+                    },
+                ],
+                vec![
+                    Stmt::Iifname {
+                        name: "cni0".into(),
+                        prefix: false,
+                        negate: false,
+                    },
+                    Stmt::Verdict(Verdict::Accept),
+                ],
+                vec![
+                    Stmt::Iifname {
+                        name: "veth".into(),
+                        prefix: true,
+                        negate: false,
+                    },
+                    Stmt::Verdict(Verdict::Accept),
+                ],
+                vec![
+                    Stmt::Iifname {
+                        name: "cali".into(),
+                        prefix: true,
+                        negate: true,
+                    },
+                    Stmt::Verdict(Verdict::Drop),
+                ],
+                vec![
+                    Stmt::Iifname {
+                        name: "br-pods".into(),
+                        prefix: false,
+                        negate: true,
+                    },
+                    Stmt::Verdict(Verdict::Drop),
+                ],
+            ],
         ),
     ];
     Table {

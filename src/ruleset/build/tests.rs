@@ -86,6 +86,8 @@ fn settings() -> Settings {
         masquerade_all: false,
         mark: 0x4000,
         nodeport_addresses: NodePortAddresses::primary(),
+        detect_local: DetectLocal::ClusterCidr,
+        service_cidrs: vec![],
     }
 }
 

@@ -69,6 +69,7 @@ fn packet(origin: Origin) -> Packet {
         proto: Protocol::Tcp,
         dport: 80,
         origin,
+        iif: None,
     }
 }
 
@@ -663,7 +664,7 @@ fn a_packet_mixing_families_is_refused_and_other_family_tables_are_ignored() {
     let mut p = packet(Origin::External);
     p.dst = ip("2001:db8::1");
     assert!(matches!(
-        evaluate(&rs, &[], p),
+        evaluate(&rs, &[], p.clone()),
         Err(EvalError::MixedFamilies { .. })
     ));
     p.src = ip("2001:db8::2");
