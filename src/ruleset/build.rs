@@ -57,10 +57,19 @@ pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
     Ruleset {
         tables: IpFamily::ALL
             .iter()
-            .map(|&family| build_table(state, settings, family))
+            .map(|&family| {
+                let mut table = build_table(state, settings, family);
+                // Source ranges and session affinity live in their own modules.
+                firewall::add(state, settings, family, &mut table);
+                affinity::add(state, settings, family, &mut table);
+                table
+            })
             .collect(),
     }
 }
+
+mod affinity;
+mod firewall;
 
 /// Elements of one set; sorted and de-duplicated by [`finish`] once collected.
 type Elements = Vec<Element>;
@@ -256,6 +265,7 @@ fn set(
         data,
         typeof_: false,
         elements: finish(elements),
+        kind: Default::default(),
     }
 }
 
@@ -654,9 +664,6 @@ pub fn diagnostics(state: &ClusterState, settings: &Settings) -> Vec<String> {
             }
             if s.internal_traffic_policy == crate::model::TrafficPolicy::Local {
                 what.push("internalTrafficPolicy: Local");
-            }
-            if s.session_affinity_timeout.is_some() {
-                what.push("sessionAffinity: ClientIP");
             }
             (!what.is_empty()).then(|| {
                 format!(
