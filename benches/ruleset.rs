@@ -1,2 +1,146 @@
-//! Benchmarks of the pure ruleset pipeline.
-fn main() {}
+//! Benchmarks of the pure pipeline at 10k services × 10 endpoints: building the ruleset from the
+//! model, rendering nft text, lowering to the wire form, and diffing (no change / one endpoint
+//! changed). The kernel side is measured by `scripts/bench-kernel.sh`.
+//!
+//! Run: `cargo bench --bench ruleset`.
+
+// A benchmark aborts on broken setup; there is nothing to recover.
+#![allow(clippy::expect_used)]
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use nodeproxy::config::Config;
+use nodeproxy::model::{
+    ClusterState, Conditions, EndpointSlice, IpFamily, Node, Protocol, Service, ServiceName,
+    ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+};
+use nodeproxy::nft;
+use nodeproxy::ruleset::{self, Settings};
+
+const SERVICES: u32 = 10_000;
+const ENDPOINTS: u32 = 10;
+
+fn name(ns: String, name: String) -> ServiceName {
+    ServiceName {
+        namespace: ns,
+        name,
+    }
+}
+
+/// The same shape as `examples/gen_cluster.rs`: every fourth service has a NodePort, endpoints
+/// spread over 1000 nodes.
+fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterState {
+    let mut state = ClusterState::default();
+    state.nodes.insert(
+        "node-a".into(),
+        Node {
+            name: "node-a".into(),
+            internal_ips: vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 11))],
+            ..Node::default()
+        },
+    );
+    for s in 0..services {
+        let svc_name = name(format!("ns{}", s % 100), format!("svc{s}"));
+        let service = Service {
+            name: svc_name.clone(),
+            cluster_ips: vec![IpAddr::V4(Ipv4Addr::from(0x0A60_0001 + s))],
+            ports: vec![ServicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: s.is_multiple_of(4).then(|| 30000 + (s / 4 % 2768) as u16),
+            }],
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            health_check_node_port: None,
+            session_affinity_timeout: None,
+        };
+        let eps = (0..endpoints)
+            .map(|e| {
+                let slot = s * endpoints + e;
+                let mut addr = 0x0A80_0000 + slot;
+                if changed_endpoint && slot == 0 {
+                    addr = 0x0AFF_FFFE;
+                }
+                SliceEndpoint {
+                    addr: IpAddr::V4(Ipv4Addr::from(addr)),
+                    conditions: Conditions {
+                        ready: true,
+                        serving: true,
+                        terminating: false,
+                    },
+                    node_name: Some(if slot.is_multiple_of(1000) {
+                        "node-a".into()
+                    } else {
+                        format!("node-{}", slot % 1000)
+                    }),
+                    zone: None,
+                    zone_hints: vec![],
+                    node_hints: vec![],
+                }
+            })
+            .collect();
+        let slice = EndpointSlice {
+            name: name(svc_name.namespace.clone(), format!("svc{s}-abcde")),
+            service: svc_name.clone(),
+            family: IpFamily::V4,
+            ports: vec![SlicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 8080,
+            }],
+            endpoints: eps,
+        };
+        state.slices.insert(slice.name.clone(), slice);
+        state.services.insert(svc_name, service);
+    }
+    state
+}
+
+fn settings() -> Settings {
+    let config = Config {
+        cluster_cidr: vec!["10.128.0.0/9".parse().expect("cidr")],
+        ..Config::default()
+    };
+    Settings::new(&config, "node-a".into())
+}
+
+fn pipeline(c: &mut Criterion) {
+    let state = cluster(SERVICES, ENDPOINTS, false);
+    let changed = cluster(SERVICES, ENDPOINTS, true);
+    let settings = settings();
+    let ruleset = ruleset::build(&state, &settings);
+    let v4 = ruleset.table(IpFamily::V4).expect("ip table");
+    let wire = nft::lower(v4).expect("lower");
+    let changed_wire = nft::lower(
+        ruleset::build(&changed, &settings)
+            .table(IpFamily::V4)
+            .expect("ip table"),
+    )
+    .expect("lower");
+
+    let mut group = c.benchmark_group("10k services x 10 endpoints");
+    group.sample_size(10);
+    group.bench_function("build", |b| {
+        b.iter(|| ruleset::build(black_box(&state), &settings))
+    });
+    group.bench_function("render", |b| {
+        b.iter(|| ruleset::render::render(black_box(&ruleset)))
+    });
+    group.bench_function("lower ip table", |b| b.iter(|| nft::lower(black_box(v4))));
+    group.bench_function("diff, nothing changed", |b| {
+        b.iter(|| nft::diff(Some(black_box(&wire)), &wire).is_empty())
+    });
+    group.bench_function("diff, one endpoint changed", |b| {
+        b.iter(|| nft::diff(Some(black_box(&wire)), &changed_wire).elements_added())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, pipeline);
+criterion_main!(benches);

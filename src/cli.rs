@@ -6,6 +6,7 @@
 //! wired through clap's `env` attribute: clap would read the real process environment, and
 //! `config::load` takes the environment as a closure so tests stay hermetic.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{ArgAction, ArgGroup, Parser};
@@ -31,10 +32,16 @@ A config file never overrides a flag or an environment variable; --print-config 
 each effective value came from. An environment variable set to the empty string counts as
 unset.
 
-Config file: TOML, keys are the flag names in snake_case (hostname_override, cluster_cidr,
-masquerade_all, masquerade_bit, nodeport_addresses, from_file, log_format). No file is read
-unless --config (or NODEPROXY_CONFIG) names one; the conventional path is
-/etc/nodeproxy/config.toml. Unknown keys are errors.
+Config file: TOML, keys are the flag names in snake_case (hostname_override, kubeconfig,
+master, cluster_cidr, service_cidr, detect_local_mode, pod_bridge_interface,
+pod_interface_name_prefix, masquerade_all, masquerade_bit, nodeport_addresses,
+healthz_bind_address, metrics_bind_address, min_sync_period, sync_period, lock_file,
+cleanup_kube_proxy, from_file, log_format). No file is read unless --config (or
+NODEPROXY_CONFIG) names one; the conventional path is /etc/nodeproxy/config.toml. Unknown keys
+are errors.
+
+Durations are written as kube-proxy writes them: 500ms, 2s, 1m, 1h30m, 1.5s (units ns, us, ms,
+s, m, h), or 0.
 
 Exit status: 0 ok, 1 runtime failure, 2 usage or configuration error.";
 
@@ -74,11 +81,44 @@ pub struct Cli {
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
 
+    /// The kubeconfig file used to reach the API server. [env: NODEPROXY_KUBECONFIG]
+    // An `OsString`, not a `PathBuf`: clap rejects an empty `PathBuf`, and empty means unset.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<OsString>,
+
+    /// The API server's URL (http:// or https://); overrides the kubeconfig's.
+    /// [env: NODEPROXY_MASTER]
+    #[arg(long, value_name = "URL")]
+    pub master: Option<String>,
+
     /// Pod network CIDRs, comma-separated, at most one per family (an IPv4,IPv6 pair for
     /// dual-stack). Traffic to ClusterIPs from outside them is masqueraded.
     /// [env: NODEPROXY_CLUSTER_CIDR]
     #[arg(long, value_name = "CIDR[,CIDR]")]
     pub cluster_cidr: Option<String>,
+
+    /// Service IP ranges, comma-separated, at most one per family. Traffic to unallocated IPs
+    /// inside them is dropped. [env: NODEPROXY_SERVICE_CIDR]
+    #[arg(long, value_name = "CIDR[,CIDR]")]
+    pub service_cidr: Option<String>,
+
+    /// How traffic from local pods is recognised: ClusterCIDR (source in --cluster-cidr),
+    /// NodeCIDR (source in the Node's podCIDRs), BridgeInterface (arrives on
+    /// --pod-bridge-interface) or InterfaceNamePrefix (arrives on an interface named with
+    /// --pod-interface-name-prefix); case-insensitive. [env: NODEPROXY_DETECT_LOCAL_MODE]
+    /// [default: ClusterCIDR if --cluster-cidr is set, else NodeCIDR]
+    #[arg(long, value_name = "MODE")]
+    pub detect_local_mode: Option<String>,
+
+    /// The bridge local pods are attached to (for --detect-local-mode=BridgeInterface).
+    /// [env: NODEPROXY_POD_BRIDGE_INTERFACE]
+    #[arg(long, value_name = "NAME")]
+    pub pod_bridge_interface: Option<String>,
+
+    /// The name prefix of local pod interfaces (for
+    /// --detect-local-mode=InterfaceNamePrefix). [env: NODEPROXY_POD_INTERFACE_NAME_PREFIX]
+    #[arg(long, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
 
     /// Masquerade all traffic to ClusterIPs. Also accepts --masquerade-all=true|false.
     /// [env: NODEPROXY_MASQUERADE_ALL] [default: false]
@@ -98,11 +138,49 @@ pub struct Cli {
     #[arg(long, value_name = "N")]
     pub masquerade_bit: Option<String>,
 
-    /// Which local addresses answer NodePorts; only `primary` (the Node's primary InternalIP
-    /// of each family) is supported in this version.
+    /// Which local addresses answer NodePorts, comma-separated: `primary` (the Node's primary
+    /// InternalIP of each family), `all`, and CIDRs (0.0.0.0/0 or ::/0: all of that family).
+    /// Empty means `primary`; `localhost` is not supported.
     /// [env: NODEPROXY_NODEPORT_ADDRESSES] [default: primary]
-    #[arg(long, value_name = "VALUE")]
+    #[arg(long, value_name = "VALUE[,VALUE]")]
     pub nodeport_addresses: Option<String>,
+
+    /// Where the health check server listens; empty disables it.
+    /// [env: NODEPROXY_HEALTHZ_BIND_ADDRESS] [default: 0.0.0.0:10256]
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub healthz_bind_address: Option<String>,
+
+    /// Where the metrics server listens; empty disables it.
+    /// [env: NODEPROXY_METRICS_BIND_ADDRESS] [default: 127.0.0.1:10249]
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_bind_address: Option<String>,
+
+    /// The shortest time between two syncs of the ruleset (at most --sync-period).
+    /// [env: NODEPROXY_MIN_SYNC_PERIOD] [default: 1s]
+    // Hyphen values reach `config`, whose error for `-1s` says durations cannot be negative.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub min_sync_period: Option<String>,
+
+    /// The longest time between two syncs of the ruleset (> 0); the health check fails after
+    /// twice this without a successful sync. [env: NODEPROXY_SYNC_PERIOD] [default: 30s]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    pub sync_period: Option<String>,
+
+    /// The file locked so that only one nodeproxy runs on the node.
+    /// [env: NODEPROXY_LOCK_FILE] [default: /run/nodeproxy.lock]
+    #[arg(long, value_name = "PATH")]
+    pub lock_file: Option<OsString>,
+
+    /// Remove what kube-proxy programmed. Also accepts --cleanup-kube-proxy=true|false.
+    /// [env: NODEPROXY_CLEANUP_KUBE_PROXY] [default: false]
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub cleanup_kube_proxy: Option<String>,
 
     /// Read Services/EndpointSlices/Nodes from this YAML/JSON file instead of the API server
     /// (repeatable). [env: NODEPROXY_FROM_FILE, comma-separated]
@@ -148,6 +226,7 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Field;
     use clap::CommandFactory;
 
     #[test]
@@ -187,19 +266,25 @@ mod tests {
     }
 
     #[test]
-    fn help_names_every_environment_variable() {
+    fn cleanup_kube_proxy_accepts_bare_and_explicit_values() {
+        let cli = Cli::try_parse_from(["nodeproxy", "--cleanup-kube-proxy", "--once"]).unwrap();
+        assert_eq!(cli.cleanup_kube_proxy.as_deref(), Some("true"));
+        assert_eq!(cli.mode(), Mode::Once);
+        let cli = Cli::try_parse_from(["nodeproxy", "--cleanup-kube-proxy=false"]).unwrap();
+        assert_eq!(cli.cleanup_kube_proxy.as_deref(), Some("false"));
+    }
+
+    #[test]
+    fn help_names_every_flag_config_key_and_environment_variable() {
         let help = Cli::command().render_long_help().to_string();
-        for var in [
-            "NODEPROXY_CONFIG",
-            "NODEPROXY_HOSTNAME_OVERRIDE",
-            "NODEPROXY_CLUSTER_CIDR",
-            "NODEPROXY_MASQUERADE_ALL",
-            "NODEPROXY_MASQUERADE_BIT",
-            "NODEPROXY_NODEPORT_ADDRESSES",
-            "NODEPROXY_FROM_FILE",
-            "NODEPROXY_LOG_FORMAT",
-        ] {
-            assert!(help.contains(var), "help lacks {var}:\n{help}");
+        assert!(
+            help.contains("NODEPROXY_CONFIG"),
+            "help lacks NODEPROXY_CONFIG:\n{help}"
+        );
+        for field in Field::ALL {
+            for name in [field.flag(), field.key(), field.env_var()] {
+                assert!(help.contains(name), "help lacks {name}:\n{help}");
+            }
         }
     }
 }

@@ -11,14 +11,16 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Parser as _;
 use ipnet::IpNet;
 
 use crate::cli::Cli;
 pub use crate::cli::Mode;
+use crate::model::IpFamily;
 
 /// The effective configuration after merging all sources.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,29 +28,83 @@ pub struct Config {
     /// Node name used for endpoint locality and the Node lookup (`--hostname-override`, else
     /// the host name), lowercased.
     pub hostname_override: Option<String>,
+    /// `--kubeconfig`: the kubeconfig file used to reach the API server; `None` when unset.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--master`: the API server URL (http or https), overriding the kubeconfig's.
+    pub master: Option<String>,
     /// `--cluster-cidr`: pod CIDRs, at most one per family. Traffic to a ClusterIP from outside
     /// them is masqueraded.
     pub cluster_cidr: Vec<IpNet>,
+    /// `--service-cidr`: service IP ranges, at most one per family. Traffic to an unallocated
+    /// IP inside them is dropped.
+    pub service_cidr: Vec<IpNet>,
+    /// `--detect-local-mode`: how traffic from local pods is recognised. Always resolved: when
+    /// no source gives it, `load` sets `ClusterCIDR` if `cluster_cidr` is non-empty, else
+    /// `NodeCIDR` (its provenance stays `Source::Default`).
+    pub detect_local_mode: DetectLocalMode,
+    /// `--pod-bridge-interface`: the bridge local pods are attached to (`BridgeInterface`).
+    pub pod_bridge_interface: Option<String>,
+    /// `--pod-interface-name-prefix`: the name prefix of local pod interfaces
+    /// (`InterfaceNamePrefix`).
+    pub pod_interface_name_prefix: Option<String>,
     /// `--masquerade-all`: masquerade all traffic to ClusterIPs.
     pub masquerade_all: bool,
     /// `--masquerade-bit`: the packet mark bit (0..=31) used to flag packets for masquerade.
     pub masquerade_bit: u8,
     /// `--nodeport-addresses`.
     pub nodeport_addresses: NodePortAddresses,
+    /// `--healthz-bind-address`: where the health check server listens; `None` disables it.
+    pub healthz_bind_address: Option<SocketAddr>,
+    /// `--metrics-bind-address`: where the metrics server listens; `None` disables it.
+    pub metrics_bind_address: Option<SocketAddr>,
+    /// `--min-sync-period`: the shortest interval between two syncs of the ruleset.
+    pub min_sync_period: Duration,
+    /// `--sync-period`: the longest interval between two syncs of the ruleset (> 0).
+    pub sync_period: Duration,
+    /// `--lock-file`: the file locked so that only one nodeproxy runs on the node.
+    pub lock_file: PathBuf,
+    /// `--cleanup-kube-proxy`: remove what kube-proxy programmed.
+    pub cleanup_kube_proxy: bool,
     /// `--from-file`: read cluster objects from these files instead of the API server.
     pub from_file: Vec<PathBuf>,
     /// `--log-format`.
     pub log_format: LogFormat,
 }
 
+/// `--healthz-bind-address` default: all IPv4 addresses, kube-proxy's port.
+pub const DEFAULT_HEALTHZ_BIND_ADDRESS: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 10256);
+/// `--metrics-bind-address` default: loopback only, kube-proxy's port.
+pub const DEFAULT_METRICS_BIND_ADDRESS: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 10249);
+/// `--min-sync-period` default.
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+/// `--sync-period` default.
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
+/// `--lock-file` default.
+pub const DEFAULT_LOCK_FILE: &str = "/run/nodeproxy.lock";
+
 impl Default for Config {
     fn default() -> Config {
+        let cluster_cidr = Vec::new();
         Config {
             hostname_override: None,
-            cluster_cidr: Vec::new(),
+            kubeconfig: None,
+            master: None,
+            detect_local_mode: DetectLocalMode::default_for(&cluster_cidr),
+            cluster_cidr,
+            service_cidr: Vec::new(),
+            pod_bridge_interface: None,
+            pod_interface_name_prefix: None,
             masquerade_all: false,
             masquerade_bit: 14,
-            nodeport_addresses: NodePortAddresses::Primary,
+            nodeport_addresses: NodePortAddresses::default(),
+            healthz_bind_address: Some(DEFAULT_HEALTHZ_BIND_ADDRESS),
+            metrics_bind_address: Some(DEFAULT_METRICS_BIND_ADDRESS),
+            min_sync_period: DEFAULT_MIN_SYNC_PERIOD,
+            sync_period: DEFAULT_SYNC_PERIOD,
+            lock_file: PathBuf::from(DEFAULT_LOCK_FILE),
+            cleanup_kube_proxy: false,
             from_file: Vec::new(),
             log_format: LogFormat::Text,
         }
@@ -60,13 +116,127 @@ impl Config {
     pub fn masquerade_mark(&self) -> u32 {
         1u32 << (self.masquerade_bit & 31)
     }
+
+    /// How local traffic is detected. `load` already resolved the default (see the field);
+    /// this is the accessor to use, so callers do not depend on that.
+    pub fn detect_local_mode(&self) -> DetectLocalMode {
+        self.detect_local_mode
+    }
+
+    /// kube-proxy's health timeout: the health check fails when no sync succeeded for twice
+    /// the sync period.
+    pub fn health_timeout(&self) -> Duration {
+        self.sync_period.saturating_mul(2)
+    }
+
+    /// The service CIDR of one family, if given.
+    pub fn service_cidr_of(&self, family: IpFamily) -> Option<IpNet> {
+        self.service_cidr
+            .iter()
+            .copied()
+            .find(|net| IpFamily::of(&net.addr()) == family)
+    }
 }
 
-/// Which local addresses answer NodePorts.
+/// `--detect-local-mode`: how traffic from pods on this node is told apart from other traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DetectLocalMode {
+    /// `ClusterCIDR`: the source address is in `--cluster-cidr`.
+    ClusterCidr,
+    /// `NodeCIDR`: the source address is in the Node object's `spec.podCIDRs`.
+    NodeCidr,
+    /// `BridgeInterface`: the packet arrives on `--pod-bridge-interface`.
+    BridgeInterface,
+    /// `InterfaceNamePrefix`: the packet arrives on an interface named with
+    /// `--pod-interface-name-prefix`.
+    InterfaceNamePrefix,
+}
+
+impl DetectLocalMode {
+    pub const ALL: [DetectLocalMode; 4] = [
+        DetectLocalMode::ClusterCidr,
+        DetectLocalMode::NodeCidr,
+        DetectLocalMode::BridgeInterface,
+        DetectLocalMode::InterfaceNamePrefix,
+    ];
+
+    /// The mode used when none is given: `ClusterCIDR` when cluster CIDRs are configured, else
+    /// `NodeCIDR` (the Node's podCIDRs).
+    pub fn default_for(cluster_cidr: &[IpNet]) -> DetectLocalMode {
+        if cluster_cidr.is_empty() {
+            DetectLocalMode::NodeCidr
+        } else {
+            DetectLocalMode::ClusterCidr
+        }
+    }
+
+    /// The spelling kube-proxy uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DetectLocalMode::ClusterCidr => "ClusterCIDR",
+            DetectLocalMode::NodeCidr => "NodeCIDR",
+            DetectLocalMode::BridgeInterface => "BridgeInterface",
+            DetectLocalMode::InterfaceNamePrefix => "InterfaceNamePrefix",
+        }
+    }
+
+    /// Parses kube-proxy's spelling, case-insensitively.
+    fn parse(text: &str) -> Option<DetectLocalMode> {
+        DetectLocalMode::ALL
+            .into_iter()
+            .find(|mode| mode.as_str().eq_ignore_ascii_case(text.trim()))
+    }
+}
+
+/// `--nodeport-addresses`: which local addresses answer NodePorts. The addresses selected are
+/// the union of what each part selects; the default is `primary` alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodePortAddresses {
-    /// kube-proxy's nftables default: the Node object's primary InternalIP of each family.
-    Primary,
+pub struct NodePortAddresses {
+    /// `primary`: the Node object's primary InternalIP of each family (kube-proxy's nftables
+    /// default).
+    pub primary: bool,
+    /// `all`: every local address of both families.
+    pub all: bool,
+    /// The local addresses inside these CIDRs. `0.0.0.0/0` (or `::/0`) selects every address
+    /// of that family.
+    pub cidrs: Vec<IpNet>,
+}
+
+impl Default for NodePortAddresses {
+    fn default() -> NodePortAddresses {
+        NodePortAddresses::primary()
+    }
+}
+
+impl NodePortAddresses {
+    /// Only the Node's primary InternalIP of each family.
+    pub fn primary() -> NodePortAddresses {
+        NodePortAddresses {
+            primary: true,
+            all: false,
+            cidrs: Vec::new(),
+        }
+    }
+
+    /// Whether this is exactly the default, `primary`.
+    pub fn is_primary_only(&self) -> bool {
+        self.primary && !self.all && self.cidrs.is_empty()
+    }
+
+    /// Whether every local address of `family` answers: `all`, or a `/0` CIDR of the family.
+    pub fn all_of(&self, family: IpFamily) -> bool {
+        self.all
+            || self
+                .cidrs
+                .iter()
+                .any(|net| net.prefix_len() == 0 && IpFamily::of(&net.addr()) == family)
+    }
+
+    /// Whether local address `ip` answers NodePorts; `is_primary` says whether it is the
+    /// Node's primary InternalIP of its family.
+    pub fn selects(&self, ip: IpAddr, is_primary: bool) -> bool {
+        (self.primary && is_primary) || self.all || self.cidrs.iter().any(|net| net.contains(&ip))
+    }
 }
 
 /// `--log-format`: how log lines are written.
@@ -127,22 +297,46 @@ fn normalize_hostname(raw: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Field {
     HostnameOverride,
+    Kubeconfig,
+    Master,
     ClusterCidr,
+    ServiceCidr,
+    DetectLocalMode,
+    PodBridgeInterface,
+    PodInterfaceNamePrefix,
     MasqueradeAll,
     MasqueradeBit,
     NodePortAddresses,
+    HealthzBindAddress,
+    MetricsBindAddress,
+    MinSyncPeriod,
+    SyncPeriod,
+    LockFile,
+    CleanupKubeProxy,
     FromFile,
     LogFormat,
 }
 
 impl Field {
     /// Every field, in `Config` order (also the `--print-config` order).
-    pub const ALL: [Field; 7] = [
+    pub const ALL: [Field; 19] = [
         Field::HostnameOverride,
+        Field::Kubeconfig,
+        Field::Master,
         Field::ClusterCidr,
+        Field::ServiceCidr,
+        Field::DetectLocalMode,
+        Field::PodBridgeInterface,
+        Field::PodInterfaceNamePrefix,
         Field::MasqueradeAll,
         Field::MasqueradeBit,
         Field::NodePortAddresses,
+        Field::HealthzBindAddress,
+        Field::MetricsBindAddress,
+        Field::MinSyncPeriod,
+        Field::SyncPeriod,
+        Field::LockFile,
+        Field::CleanupKubeProxy,
         Field::FromFile,
         Field::LogFormat,
     ];
@@ -151,10 +345,22 @@ impl Field {
     pub fn key(self) -> &'static str {
         match self {
             Field::HostnameOverride => "hostname_override",
+            Field::Kubeconfig => "kubeconfig",
+            Field::Master => "master",
             Field::ClusterCidr => "cluster_cidr",
+            Field::ServiceCidr => "service_cidr",
+            Field::DetectLocalMode => "detect_local_mode",
+            Field::PodBridgeInterface => "pod_bridge_interface",
+            Field::PodInterfaceNamePrefix => "pod_interface_name_prefix",
             Field::MasqueradeAll => "masquerade_all",
             Field::MasqueradeBit => "masquerade_bit",
             Field::NodePortAddresses => "nodeport_addresses",
+            Field::HealthzBindAddress => "healthz_bind_address",
+            Field::MetricsBindAddress => "metrics_bind_address",
+            Field::MinSyncPeriod => "min_sync_period",
+            Field::SyncPeriod => "sync_period",
+            Field::LockFile => "lock_file",
+            Field::CleanupKubeProxy => "cleanup_kube_proxy",
             Field::FromFile => "from_file",
             Field::LogFormat => "log_format",
         }
@@ -164,10 +370,22 @@ impl Field {
     pub fn flag(self) -> &'static str {
         match self {
             Field::HostnameOverride => "--hostname-override",
+            Field::Kubeconfig => "--kubeconfig",
+            Field::Master => "--master",
             Field::ClusterCidr => "--cluster-cidr",
+            Field::ServiceCidr => "--service-cidr",
+            Field::DetectLocalMode => "--detect-local-mode",
+            Field::PodBridgeInterface => "--pod-bridge-interface",
+            Field::PodInterfaceNamePrefix => "--pod-interface-name-prefix",
             Field::MasqueradeAll => "--masquerade-all",
             Field::MasqueradeBit => "--masquerade-bit",
             Field::NodePortAddresses => "--nodeport-addresses",
+            Field::HealthzBindAddress => "--healthz-bind-address",
+            Field::MetricsBindAddress => "--metrics-bind-address",
+            Field::MinSyncPeriod => "--min-sync-period",
+            Field::SyncPeriod => "--sync-period",
+            Field::LockFile => "--lock-file",
+            Field::CleanupKubeProxy => "--cleanup-kube-proxy",
             Field::FromFile => "--from-file",
             Field::LogFormat => "--log-format",
         }
@@ -177,10 +395,22 @@ impl Field {
     pub fn env_var(self) -> &'static str {
         match self {
             Field::HostnameOverride => "NODEPROXY_HOSTNAME_OVERRIDE",
+            Field::Kubeconfig => "NODEPROXY_KUBECONFIG",
+            Field::Master => "NODEPROXY_MASTER",
             Field::ClusterCidr => "NODEPROXY_CLUSTER_CIDR",
+            Field::ServiceCidr => "NODEPROXY_SERVICE_CIDR",
+            Field::DetectLocalMode => "NODEPROXY_DETECT_LOCAL_MODE",
+            Field::PodBridgeInterface => "NODEPROXY_POD_BRIDGE_INTERFACE",
+            Field::PodInterfaceNamePrefix => "NODEPROXY_POD_INTERFACE_NAME_PREFIX",
             Field::MasqueradeAll => "NODEPROXY_MASQUERADE_ALL",
             Field::MasqueradeBit => "NODEPROXY_MASQUERADE_BIT",
             Field::NodePortAddresses => "NODEPROXY_NODEPORT_ADDRESSES",
+            Field::HealthzBindAddress => "NODEPROXY_HEALTHZ_BIND_ADDRESS",
+            Field::MetricsBindAddress => "NODEPROXY_METRICS_BIND_ADDRESS",
+            Field::MinSyncPeriod => "NODEPROXY_MIN_SYNC_PERIOD",
+            Field::SyncPeriod => "NODEPROXY_SYNC_PERIOD",
+            Field::LockFile => "NODEPROXY_LOCK_FILE",
+            Field::CleanupKubeProxy => "NODEPROXY_CLEANUP_KUBE_PROXY",
             Field::FromFile => "NODEPROXY_FROM_FILE",
             Field::LogFormat => "NODEPROXY_LOG_FORMAT",
         }
@@ -223,10 +453,22 @@ pub struct Provenance {
     /// The config file that was read, and what named it (`--config` or `NODEPROXY_CONFIG`).
     pub config_file: Option<(PathBuf, Source)>,
     pub hostname_override: Source,
+    pub kubeconfig: Source,
+    pub master: Source,
     pub cluster_cidr: Source,
+    pub service_cidr: Source,
+    pub detect_local_mode: Source,
+    pub pod_bridge_interface: Source,
+    pub pod_interface_name_prefix: Source,
     pub masquerade_all: Source,
     pub masquerade_bit: Source,
     pub nodeport_addresses: Source,
+    pub healthz_bind_address: Source,
+    pub metrics_bind_address: Source,
+    pub min_sync_period: Source,
+    pub sync_period: Source,
+    pub lock_file: Source,
+    pub cleanup_kube_proxy: Source,
     pub from_file: Source,
     pub log_format: Source,
 }
@@ -236,10 +478,22 @@ impl Default for Provenance {
         Provenance {
             config_file: None,
             hostname_override: Source::Default,
+            kubeconfig: Source::Default,
+            master: Source::Default,
             cluster_cidr: Source::Default,
+            service_cidr: Source::Default,
+            detect_local_mode: Source::Default,
+            pod_bridge_interface: Source::Default,
+            pod_interface_name_prefix: Source::Default,
             masquerade_all: Source::Default,
             masquerade_bit: Source::Default,
             nodeport_addresses: Source::Default,
+            healthz_bind_address: Source::Default,
+            metrics_bind_address: Source::Default,
+            min_sync_period: Source::Default,
+            sync_period: Source::Default,
+            lock_file: Source::Default,
+            cleanup_kube_proxy: Source::Default,
             from_file: Source::Default,
             log_format: Source::Default,
         }
@@ -251,10 +505,22 @@ impl Provenance {
     pub fn of(&self, field: Field) -> &Source {
         match field {
             Field::HostnameOverride => &self.hostname_override,
+            Field::Kubeconfig => &self.kubeconfig,
+            Field::Master => &self.master,
             Field::ClusterCidr => &self.cluster_cidr,
+            Field::ServiceCidr => &self.service_cidr,
+            Field::DetectLocalMode => &self.detect_local_mode,
+            Field::PodBridgeInterface => &self.pod_bridge_interface,
+            Field::PodInterfaceNamePrefix => &self.pod_interface_name_prefix,
             Field::MasqueradeAll => &self.masquerade_all,
             Field::MasqueradeBit => &self.masquerade_bit,
             Field::NodePortAddresses => &self.nodeport_addresses,
+            Field::HealthzBindAddress => &self.healthz_bind_address,
+            Field::MetricsBindAddress => &self.metrics_bind_address,
+            Field::MinSyncPeriod => &self.min_sync_period,
+            Field::SyncPeriod => &self.sync_period,
+            Field::LockFile => &self.lock_file,
+            Field::CleanupKubeProxy => &self.cleanup_kube_proxy,
             Field::FromFile => &self.from_file,
             Field::LogFormat => &self.log_format,
         }
@@ -263,10 +529,22 @@ impl Provenance {
     fn of_mut(&mut self, field: Field) -> &mut Source {
         match field {
             Field::HostnameOverride => &mut self.hostname_override,
+            Field::Kubeconfig => &mut self.kubeconfig,
+            Field::Master => &mut self.master,
             Field::ClusterCidr => &mut self.cluster_cidr,
+            Field::ServiceCidr => &mut self.service_cidr,
+            Field::DetectLocalMode => &mut self.detect_local_mode,
+            Field::PodBridgeInterface => &mut self.pod_bridge_interface,
+            Field::PodInterfaceNamePrefix => &mut self.pod_interface_name_prefix,
             Field::MasqueradeAll => &mut self.masquerade_all,
             Field::MasqueradeBit => &mut self.masquerade_bit,
             Field::NodePortAddresses => &mut self.nodeport_addresses,
+            Field::HealthzBindAddress => &mut self.healthz_bind_address,
+            Field::MetricsBindAddress => &mut self.metrics_bind_address,
+            Field::MinSyncPeriod => &mut self.min_sync_period,
+            Field::SyncPeriod => &mut self.sync_period,
+            Field::LockFile => &mut self.lock_file,
+            Field::CleanupKubeProxy => &mut self.cleanup_kube_proxy,
             Field::FromFile => &mut self.from_file,
             Field::LogFormat => &mut self.log_format,
         }
@@ -359,15 +637,20 @@ fn describe_unknown_keys(keys: &[String]) -> String {
 
 fn snake_case(key: &str) -> String {
     let mut out = String::new();
+    let mut previous_upper = true;
     for c in key.trim_start_matches('-').chars() {
         match c {
             '-' => out.push('_'),
+            // An acronym is one word: `clusterCIDR` is `cluster_cidr`.
             c if c.is_ascii_uppercase() => {
-                out.push('_');
+                if !previous_upper && !out.is_empty() {
+                    out.push('_');
+                }
                 out.push(c.to_ascii_lowercase());
             }
             c => out.push(c),
         }
+        previous_upper = c.is_ascii_uppercase();
     }
     // kube-proxy's YAML spells it `nodePortAddresses`, our key has no underscore after "node".
     out.replace("node_port", "nodeport")
@@ -441,6 +724,12 @@ fn load_with(
         apply(&mut config, field, &input, &source)?;
         *provenance.of_mut(field) = source;
     }
+    // The detect-local-mode default depends on the merged cluster CIDR, so it is resolved
+    // only now; its source stays `default`.
+    if provenance.detect_local_mode == Source::Default {
+        config.detect_local_mode = DetectLocalMode::default_for(&config.cluster_cidr);
+    }
+    validate_combination(&config, &provenance)?;
 
     Ok(Loaded {
         mode: cli.mode(),
@@ -489,7 +778,7 @@ fn parse_file(path: &Path, text: &str) -> Result<toml::Table, ConfigError> {
 enum Input {
     /// A flag or environment value.
     Text(String),
-    /// Repeated `--from-file` flags.
+    /// Repeated `--from-file` flags, or the one path of a path-valued flag.
     Paths(Vec<PathBuf>),
     /// A config-file value.
     Toml(toml::Value),
@@ -514,12 +803,29 @@ impl Input {
 
 fn flag_input(cli: &Cli, field: Field) -> Option<Input> {
     let text = |value: &Option<String>| value.clone().map(Input::Text);
+    let path = |value: &Option<OsString>| {
+        value
+            .clone()
+            .map(|path| Input::Paths(vec![PathBuf::from(path)]))
+    };
     match field {
         Field::HostnameOverride => text(&cli.hostname_override),
+        Field::Kubeconfig => path(&cli.kubeconfig),
+        Field::Master => text(&cli.master),
         Field::ClusterCidr => text(&cli.cluster_cidr),
+        Field::ServiceCidr => text(&cli.service_cidr),
+        Field::DetectLocalMode => text(&cli.detect_local_mode),
+        Field::PodBridgeInterface => text(&cli.pod_bridge_interface),
+        Field::PodInterfaceNamePrefix => text(&cli.pod_interface_name_prefix),
         Field::MasqueradeAll => text(&cli.masquerade_all),
         Field::MasqueradeBit => text(&cli.masquerade_bit),
         Field::NodePortAddresses => text(&cli.nodeport_addresses),
+        Field::HealthzBindAddress => text(&cli.healthz_bind_address),
+        Field::MetricsBindAddress => text(&cli.metrics_bind_address),
+        Field::MinSyncPeriod => text(&cli.min_sync_period),
+        Field::SyncPeriod => text(&cli.sync_period),
+        Field::LockFile => path(&cli.lock_file),
+        Field::CleanupKubeProxy => text(&cli.cleanup_kube_proxy),
         Field::FromFile => (!cli.from_file.is_empty()).then(|| Input::Paths(cli.from_file.clone())),
         Field::LogFormat => text(&cli.log_format),
     }
@@ -565,9 +871,50 @@ fn apply(
             }
             config.hostname_override = (!name.is_empty()).then_some(name);
         }
+        Field::Kubeconfig => {
+            let path = parse_path(input).map_err(invalid)?;
+            config.kubeconfig = (!path.as_os_str().is_empty()).then_some(path);
+        }
+        Field::Master => {
+            let url = scalar_text(input, "a string").map_err(invalid)?;
+            let url = url.trim();
+            if !url.is_empty() {
+                check_http_url(url).map_err(invalid)?;
+            }
+            config.master = (!url.is_empty()).then(|| url.to_string());
+        }
         Field::ClusterCidr => {
             let items = list(input).map_err(invalid)?;
-            config.cluster_cidr = parse_cluster_cidr(&items).map_err(invalid)?;
+            config.cluster_cidr = parse_cidrs(&items, &POD_NETWORK).map_err(invalid)?;
+        }
+        Field::ServiceCidr => {
+            let items = list(input).map_err(invalid)?;
+            config.service_cidr = parse_cidrs(&items, &SERVICE_NETWORK).map_err(invalid)?;
+        }
+        Field::DetectLocalMode => {
+            let text = scalar_text(input, "a string").map_err(invalid)?;
+            config.detect_local_mode = DetectLocalMode::parse(&text).ok_or_else(|| {
+                invalid(format!(
+                    "must be one of {} (case-insensitive)",
+                    DetectLocalMode::ALL.map(DetectLocalMode::as_str).join(", ")
+                ))
+            })?;
+        }
+        Field::PodBridgeInterface => {
+            let name = scalar_text(input, "a string").map_err(invalid)?;
+            let name = name.trim();
+            if !name.is_empty() {
+                check_interface_name(name, false).map_err(invalid)?;
+            }
+            config.pod_bridge_interface = (!name.is_empty()).then(|| name.to_string());
+        }
+        Field::PodInterfaceNamePrefix => {
+            let prefix = scalar_text(input, "a string").map_err(invalid)?;
+            let prefix = prefix.trim();
+            if !prefix.is_empty() {
+                check_interface_name(prefix, true).map_err(invalid)?;
+            }
+            config.pod_interface_name_prefix = (!prefix.is_empty()).then(|| prefix.to_string());
         }
         Field::MasqueradeAll => {
             config.masquerade_all = parse_bool(input).map_err(invalid)?;
@@ -577,14 +924,40 @@ fn apply(
         }
         Field::NodePortAddresses => {
             let items = list(input).map_err(invalid)?;
-            if items != ["primary"] {
+            config.nodeport_addresses = parse_nodeport_addresses(&items).map_err(invalid)?;
+        }
+        Field::HealthzBindAddress => {
+            config.healthz_bind_address =
+                parse_bind_address(input, DEFAULT_HEALTHZ_BIND_ADDRESS).map_err(invalid)?;
+        }
+        Field::MetricsBindAddress => {
+            config.metrics_bind_address =
+                parse_bind_address(input, DEFAULT_METRICS_BIND_ADDRESS).map_err(invalid)?;
+        }
+        Field::MinSyncPeriod => {
+            config.min_sync_period = parse_duration_input(input).map_err(invalid)?;
+        }
+        Field::SyncPeriod => {
+            let period = parse_duration_input(input).map_err(invalid)?;
+            if period.is_zero() {
                 return Err(invalid(
-                    "only `primary` is supported in this version (the Node's primary \
-                     InternalIP of each family)"
+                    "must be longer than 0 (the longest time between two syncs), e.g. 30s"
                         .to_string(),
                 ));
             }
-            config.nodeport_addresses = NodePortAddresses::Primary;
+            config.sync_period = period;
+        }
+        Field::LockFile => {
+            let path = parse_path(input).map_err(invalid)?;
+            if path.as_os_str().is_empty() {
+                return Err(invalid(format!(
+                    "must be a file path, e.g. {DEFAULT_LOCK_FILE}"
+                )));
+            }
+            config.lock_file = path;
+        }
+        Field::CleanupKubeProxy => {
+            config.cleanup_kube_proxy = parse_bool(input).map_err(invalid)?;
         }
         Field::FromFile => {
             config.from_file = parse_paths(input).map_err(invalid)?;
@@ -673,51 +1046,6 @@ fn check_dns_subdomain(name: &str) -> Result<(), String> {
     }
 }
 
-fn parse_cluster_cidr(items: &[String]) -> Result<Vec<IpNet>, String> {
-    let mut cidrs: Vec<IpNet> = Vec::new();
-    for item in items {
-        let cidr: IpNet = match item.parse() {
-            Ok(cidr) => cidr,
-            Err(_) if item.parse::<IpAddr>().is_ok() => {
-                return Err(format!(
-                    "`{item}` is an address, not a CIDR; write the pod network with its prefix \
-                     length, e.g. 10.244.0.0/16"
-                ));
-            }
-            Err(_) => {
-                return Err(format!(
-                    "`{item}` is not a CIDR; expected e.g. 10.244.0.0/16 or \
-                     10.244.0.0/16,fd00:10:244::/56"
-                ));
-            }
-        };
-        // A CIDR with host bits set is usually a node or pod address pasted by mistake; say
-        // so rather than silently widening it.
-        if cidr != cidr.trunc() {
-            return Err(format!(
-                "`{item}` has host bits set; did you mean {}?",
-                cidr.trunc()
-            ));
-        }
-        if let Some(same) = cidrs
-            .iter()
-            .find(|other| other.addr().is_ipv4() == cidr.addr().is_ipv4())
-        {
-            let family = if cidr.addr().is_ipv4() {
-                "IPv4"
-            } else {
-                "IPv6"
-            };
-            return Err(format!(
-                "two {family} CIDRs ({same} and {cidr}); give at most one per family (an \
-                 IPv4,IPv6 dual-stack pair is allowed)"
-            ));
-        }
-        cidrs.push(cidr);
-    }
-    Ok(cidrs)
-}
-
 fn parse_bool(input: &Input) -> Result<bool, String> {
     const EXPECTED: &str = "must be true or false";
     match input {
@@ -790,21 +1118,489 @@ fn parse_paths(input: &Input) -> Result<Vec<PathBuf>, String> {
     Ok(paths)
 }
 
+/// How the CIDRs of one setting are described in error messages.
+struct Network {
+    /// What to write instead of a bare address.
+    address_hint: &'static str,
+    /// Valid values, after "expected".
+    examples: &'static str,
+}
+
+const POD_NETWORK: Network = Network {
+    address_hint: "write the pod network with its prefix length, e.g. 10.244.0.0/16",
+    examples: "e.g. 10.244.0.0/16 or 10.244.0.0/16,fd00:10:244::/56",
+};
+
+const SERVICE_NETWORK: Network = Network {
+    address_hint: "write the service network with its prefix length, e.g. 10.96.0.0/12",
+    examples: "e.g. 10.96.0.0/12 or 10.96.0.0/12,fd00:10:96::/112",
+};
+
+const NODEPORT_NETWORK: Network = Network {
+    address_hint: "write a CIDR, e.g. 192.0.2.0/24, or 192.0.2.1/32 for one address",
+    examples: "`primary`, `all` or CIDRs such as 192.0.2.0/24, comma-separated",
+};
+
+/// One CIDR, rejecting bare addresses and host bits with a suggestion.
+fn parse_cidr(item: &str, network: &Network) -> Result<IpNet, String> {
+    let cidr: IpNet = match item.parse() {
+        Ok(cidr) => cidr,
+        Err(_) if item.parse::<IpAddr>().is_ok() => {
+            return Err(format!(
+                "`{item}` is an address, not a CIDR; {}",
+                network.address_hint
+            ));
+        }
+        Err(_) => {
+            return Err(format!(
+                "`{item}` is not a CIDR; expected {}",
+                network.examples
+            ));
+        }
+    };
+    // A CIDR with host bits set is usually a node or pod address pasted by mistake; say so
+    // rather than silently widening it.
+    if cidr != cidr.trunc() {
+        return Err(format!(
+            "`{item}` has host bits set; did you mean {}?",
+            cidr.trunc()
+        ));
+    }
+    Ok(cidr)
+}
+
+/// CIDRs, at most one per family (an IPv4,IPv6 dual-stack pair is allowed).
+fn parse_cidrs(items: &[String], network: &Network) -> Result<Vec<IpNet>, String> {
+    let mut cidrs: Vec<IpNet> = Vec::new();
+    for item in items {
+        let cidr = parse_cidr(item, network)?;
+        if let Some(same) = cidrs
+            .iter()
+            .find(|other| other.addr().is_ipv4() == cidr.addr().is_ipv4())
+        {
+            let family = if cidr.addr().is_ipv4() {
+                "IPv4"
+            } else {
+                "IPv6"
+            };
+            return Err(format!(
+                "two {family} CIDRs ({same} and {cidr}); give at most one per family (an \
+                 IPv4,IPv6 dual-stack pair is allowed)"
+            ));
+        }
+        cidrs.push(cidr);
+    }
+    Ok(cidrs)
+}
+
+/// `--nodeport-addresses`: `primary`, `all` and CIDRs, comma-separated; empty means `primary`.
+fn parse_nodeport_addresses(items: &[String]) -> Result<NodePortAddresses, String> {
+    const LOCALHOST: &str = "localhost NodePorts are not supported (nodeproxy, like kube-proxy's \
+                             nftables mode, does not accept NodePort traffic on loopback \
+                             addresses); use `primary`, `all` or CIDRs of non-loopback addresses";
+    if items.is_empty() {
+        return Ok(NodePortAddresses::primary());
+    }
+    let mut addresses = NodePortAddresses {
+        primary: false,
+        all: false,
+        cidrs: Vec::new(),
+    };
+    for item in items {
+        match item.to_ascii_lowercase().as_str() {
+            "primary" => addresses.primary = true,
+            "all" => addresses.all = true,
+            "localhost" => return Err(LOCALHOST.to_string()),
+            _ => {
+                let cidr = parse_cidr(item, &NODEPORT_NETWORK)?;
+                let only_loopback = match cidr {
+                    IpNet::V4(net) => net.prefix_len() >= 8 && net.addr().is_loopback(),
+                    IpNet::V6(net) => net.prefix_len() == 128 && net.addr().is_loopback(),
+                };
+                if only_loopback {
+                    return Err(format!(
+                        "`{item}` holds only loopback addresses: {LOCALHOST}"
+                    ));
+                }
+                addresses.cidrs.push(cidr);
+            }
+        }
+    }
+    Ok(addresses)
+}
+
+/// The `--nodeport-addresses` syntax of `addresses`: keywords first, then the CIDRs.
+fn render_nodeport_addresses(addresses: &NodePortAddresses) -> String {
+    let mut items: Vec<String> = Vec::new();
+    if addresses.primary {
+        items.push("primary".to_string());
+    }
+    if addresses.all {
+        items.push("all".to_string());
+    }
+    items.extend(addresses.cidrs.iter().map(IpNet::to_string));
+    items.join(",")
+}
+
+/// A Linux interface name (`IFNAMSIZ` is 16 with the NUL), or a prefix of one.
+fn check_interface_name(name: &str, prefix: bool) -> Result<(), String> {
+    let bad_char = |c: char| c == '/' || c == ':' || c.is_whitespace() || c.is_control();
+    let valid = (1..=15).contains(&name.len())
+        && !name.chars().any(bad_char)
+        && (prefix || (name != "." && name != ".."));
+    if valid {
+        Ok(())
+    } else if prefix {
+        Err(
+            "must be a prefix of Linux interface names: 1 to 15 bytes, without '/', ':' or \
+             whitespace"
+                .to_string(),
+        )
+    } else {
+        Err(
+            "must be a Linux interface name: 1 to 15 bytes, without '/', ':' or whitespace, \
+             and not `.` or `..`"
+                .to_string(),
+        )
+    }
+}
+
+/// One file path. An empty path is returned as such; the caller decides what it means.
+fn parse_path(input: &Input) -> Result<PathBuf, String> {
+    match input {
+        Input::Paths(paths) => match paths.as_slice() {
+            [path] => Ok(path.clone()),
+            _ => Err("must be one file path".to_string()),
+        },
+        Input::Text(text) => Ok(PathBuf::from(text.trim())),
+        Input::Toml(toml::Value::String(path)) => Ok(PathBuf::from(path)),
+        Input::Toml(other) => Err(format!(
+            "must be a file path (a string), not a {}",
+            toml_type(other)
+        )),
+    }
+}
+
+/// An `http://` or `https://` URL with a host and an optional port (and path).
+fn check_http_url(url: &str) -> Result<(), String> {
+    const EXPECTED: &str =
+        "must be an http:// or https:// URL of the API server, e.g. https://192.0.2.10:6443";
+    let fail = |why: &str| Err(format!("{why}; {EXPECTED}"));
+    let lower = url.to_ascii_lowercase();
+    let Some(scheme) = ["https://", "http://"]
+        .into_iter()
+        .find(|scheme| lower.starts_with(scheme))
+    else {
+        return Err(EXPECTED.to_string());
+    };
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return fail("a URL has no whitespace");
+    }
+    let rest = url.get(scheme.len()..).unwrap_or_default();
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return fail("credentials do not belong in the URL (put them in the kubeconfig)");
+    }
+    let (host_ok, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let Some((ip, tail)) = bracketed.split_once(']') else {
+            return fail("unclosed `[` in the host");
+        };
+        let port = match tail {
+            "" => None,
+            _ => match tail.strip_prefix(':') {
+                Some(port) => Some(port),
+                None => return fail("unexpected text after the IPv6 address"),
+            },
+        };
+        (ip.parse::<Ipv6Addr>().is_ok(), port)
+    } else {
+        let (host, port) = match authority.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        };
+        let host_ok = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_');
+        (host_ok, port)
+    };
+    if !host_ok {
+        return fail("missing or invalid host");
+    }
+    if let Some(port) = port
+        && !port.parse::<u16>().is_ok_and(|port| port != 0)
+    {
+        return fail("the port must be a number from 1 to 65535");
+    }
+    Ok(())
+}
+
+/// `ADDRESS:PORT`, or empty to disable the server.
+fn parse_bind_address(input: &Input, default: SocketAddr) -> Result<Option<SocketAddr>, String> {
+    let text = scalar_text(input, "a string such as \"0.0.0.0:10256\"")?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let expected = format!(
+        "must be ADDRESS:PORT, e.g. {default} or [::]:{}, or empty to disable",
+        default.port()
+    );
+    match text.parse::<SocketAddr>() {
+        Ok(address) if address.port() == 0 => Err(format!("port 0 is not allowed; {expected}")),
+        Ok(address) => Ok(Some(address)),
+        Err(_) => match text.parse::<IpAddr>() {
+            Ok(ip) => Err(format!(
+                "`{text}` has no port; write ADDRESS:PORT, e.g. {}",
+                SocketAddr::new(ip, default.port())
+            )),
+            Err(_) => Err(expected),
+        },
+    }
+}
+
+/// A duration value: a Go duration string, or a TOML integer (only `0` has no unit).
+fn parse_duration_input(input: &Input) -> Result<Duration, String> {
+    let text = match input {
+        Input::Toml(toml::Value::Integer(value)) => value.to_string(),
+        _ => scalar_text(input, "a duration string such as \"30s\"")?,
+    };
+    parse_duration(&text)
+}
+
+const DURATION_SYNTAX: &str = "a duration is a number with a unit, as kube-proxy writes it: \
+                               500ms, 2s, 1m, 1h30m, 1.5s (units ns, us, µs, ms, s, m, h), or 0";
+
+/// Parses a duration as Go's `time.ParseDuration` does (kube-proxy's flag syntax), except that
+/// negative durations are rejected: `500ms`, `1h30m`, `1.5s`, a bare `0`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text.starts_with('-') {
+        return Err(format!("must not be negative; {DURATION_SYNTAX}"));
+    }
+    let text = text.strip_prefix('+').unwrap_or(text);
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if text.is_empty() {
+        return Err(format!("must not be empty; {DURATION_SYNTAX}"));
+    }
+    let too_long = || format!("is too long (at most 2562047h47m16s); {DURATION_SYNTAX}");
+    let mut total: u128 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = |s: &str| s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (whole, after) = rest.split_at(digits(rest));
+        let (fraction, after) = match after.strip_prefix('.') {
+            Some(after) => after.split_at(digits(after)),
+            None => ("", after),
+        };
+        if whole.is_empty() && fraction.is_empty() {
+            return Err(format!(
+                "`{rest}` does not start with a number; {DURATION_SYNTAX}"
+            ));
+        }
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let nanos_per_unit: u128 = match unit {
+            "ns" => 1,
+            "us" | "µs" | "μs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => return Err(format!("`{text}` lacks a unit; {DURATION_SYNTAX}")),
+            other => return Err(format!("unknown unit `{other}`; {DURATION_SYNTAX}")),
+        };
+        let whole: u128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| too_long())?
+        };
+        // Digits beyond nanosecond precision cannot matter; Go drops them too.
+        let fraction = fraction.get(..18).unwrap_or(fraction);
+        let fraction_nanos = if fraction.is_empty() {
+            0
+        } else {
+            let value: u128 = fraction.parse().map_err(|_| too_long())?;
+            let scale = 10u128.pow(u32::try_from(fraction.len()).unwrap_or(18));
+            value * nanos_per_unit / scale
+        };
+        total = whole
+            .checked_mul(nanos_per_unit)
+            .and_then(|nanos| nanos.checked_add(fraction_nanos))
+            .and_then(|nanos| nanos.checked_add(total))
+            .ok_or_else(too_long)?;
+        rest = after;
+    }
+    // Go's limit (an int64 of nanoseconds), so a value kube-proxy accepts is accepted here.
+    let total = u64::try_from(total)
+        .ok()
+        .filter(|&nanos| i64::try_from(nanos).is_ok())
+        .ok_or_else(too_long)?;
+    Ok(Duration::from_nanos(total))
+}
+
+/// Writes a duration in Go's syntax, compactly: `0s`, `500ms`, `1.5s`, `1h30m`, `1m5s`.
+/// `parse_duration` reads it back to the same value.
+fn format_duration(duration: Duration) -> String {
+    const SECOND: u128 = 1_000_000_000;
+    fn decimal(nanos: u128, unit: u128, unit_digits: usize, suffix: &str) -> String {
+        let whole = nanos / unit;
+        let fraction = nanos % unit;
+        if fraction == 0 {
+            format!("{whole}{suffix}")
+        } else {
+            let fraction = format!("{fraction:0unit_digits$}");
+            format!("{whole}.{}{suffix}", fraction.trim_end_matches('0'))
+        }
+    }
+    let nanos = duration.as_nanos();
+    match nanos {
+        0 => "0s".to_string(),
+        1..1_000 => format!("{nanos}ns"),
+        1_000..1_000_000 => decimal(nanos, 1_000, 3, "µs"),
+        1_000_000..SECOND => decimal(nanos, 1_000_000, 6, "ms"),
+        _ => {
+            let hours = nanos / (3600 * SECOND);
+            let minutes = nanos / (60 * SECOND) % 60;
+            let seconds = nanos % (60 * SECOND);
+            let mut out = String::new();
+            if hours > 0 {
+                out.push_str(&format!("{hours}h"));
+            }
+            if minutes > 0 {
+                out.push_str(&format!("{minutes}m"));
+            }
+            if seconds > 0 {
+                out.push_str(&decimal(seconds, SECOND, 9, "s"));
+            }
+            out
+        }
+    }
+}
+
+/// Whether a server bound to `a` takes the port from one bound to `b`: the same address, or
+/// `a` is the wildcard of `b`'s family, or `::` (which on Linux also takes IPv4).
+fn bind_overlaps(a: IpAddr, b: IpAddr) -> bool {
+    a == b || (a.is_unspecified() && (a.is_ipv6() || a.is_ipv4() == b.is_ipv4()))
+}
+
+/// Checks between fields, after merging: each error names both fields and where the value came
+/// from.
+fn validate_combination(config: &Config, provenance: &Provenance) -> Result<(), ConfigError> {
+    let invalid = |field: Field, value: String, expected: String| ConfigError::Invalid {
+        key: field.key(),
+        value: single_line(&value),
+        origin: provenance.of(field).describe(field.flag()),
+        expected,
+    };
+    let mode = config.detect_local_mode;
+    let required = match mode {
+        DetectLocalMode::ClusterCidr if config.cluster_cidr.is_empty() => Some((
+            Field::ClusterCidr,
+            "is empty; set --cluster-cidr to the pod network, or use NodeCIDR to use the \
+             Node's podCIDRs",
+        )),
+        DetectLocalMode::BridgeInterface if config.pod_bridge_interface.is_none() => Some((
+            Field::PodBridgeInterface,
+            "is not set; name the bridge local pods are attached to, e.g. cni0",
+        )),
+        DetectLocalMode::InterfaceNamePrefix if config.pod_interface_name_prefix.is_none() => {
+            Some((
+                Field::PodInterfaceNamePrefix,
+                "is not set; give the name prefix of local pod interfaces, e.g. veth",
+            ))
+        }
+        _ => None,
+    };
+    if let Some((needed, why)) = required {
+        return Err(invalid(
+            Field::DetectLocalMode,
+            mode.as_str().to_string(),
+            format!(
+                "{} requires {} ({}), which {why}",
+                mode.as_str(),
+                needed.key(),
+                needed.flag()
+            ),
+        ));
+    }
+    if config.min_sync_period > config.sync_period {
+        return Err(invalid(
+            Field::MinSyncPeriod,
+            format_duration(config.min_sync_period),
+            format!(
+                "must not be longer than sync_period `{}` (from {})",
+                format_duration(config.sync_period),
+                provenance
+                    .of(Field::SyncPeriod)
+                    .describe(Field::SyncPeriod.flag())
+            ),
+        ));
+    }
+    if let (Some(healthz), Some(metrics)) =
+        (config.healthz_bind_address, config.metrics_bind_address)
+        && healthz.port() == metrics.port()
+        && (bind_overlaps(healthz.ip(), metrics.ip()) || bind_overlaps(metrics.ip(), healthz.ip()))
+    {
+        return Err(invalid(
+            Field::MetricsBindAddress,
+            metrics.to_string(),
+            format!(
+                "conflicts with healthz_bind_address `{healthz}` (from {}): the two servers \
+                 need different ports",
+                provenance
+                    .of(Field::HealthzBindAddress)
+                    .describe(Field::HealthzBindAddress.flag())
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A field's effective value in TOML syntax, so `render_effective` output is a config file.
 fn render_value(config: &Config, field: Field) -> String {
     let string = |text: &str| toml::Value::String(text.to_string()).to_string();
     let strings = |items: Vec<String>| {
         toml::Value::Array(items.into_iter().map(toml::Value::String).collect()).to_string()
     };
+    let address = |address: Option<SocketAddr>| {
+        string(
+            &address
+                .map(|address| address.to_string())
+                .unwrap_or_default(),
+        )
+    };
     match field {
         // TOML has no null; an empty string reads back as unset.
         Field::HostnameOverride => string(config.hostname_override.as_deref().unwrap_or("")),
+        Field::Kubeconfig => string(
+            &config
+                .kubeconfig
+                .as_ref()
+                .map(|path| path.to_string_lossy())
+                .unwrap_or_default(),
+        ),
+        Field::Master => string(config.master.as_deref().unwrap_or("")),
         Field::ClusterCidr => strings(config.cluster_cidr.iter().map(IpNet::to_string).collect()),
+        Field::ServiceCidr => strings(config.service_cidr.iter().map(IpNet::to_string).collect()),
+        Field::DetectLocalMode => string(config.detect_local_mode.as_str()),
+        Field::PodBridgeInterface => string(config.pod_bridge_interface.as_deref().unwrap_or("")),
+        Field::PodInterfaceNamePrefix => {
+            string(config.pod_interface_name_prefix.as_deref().unwrap_or(""))
+        }
         Field::MasqueradeAll => config.masquerade_all.to_string(),
         Field::MasqueradeBit => config.masquerade_bit.to_string(),
-        Field::NodePortAddresses => match config.nodeport_addresses {
-            NodePortAddresses::Primary => string("primary"),
-        },
+        Field::NodePortAddresses => string(&render_nodeport_addresses(&config.nodeport_addresses)),
+        Field::HealthzBindAddress => address(config.healthz_bind_address),
+        Field::MetricsBindAddress => address(config.metrics_bind_address),
+        Field::MinSyncPeriod => string(&format_duration(config.min_sync_period)),
+        Field::SyncPeriod => string(&format_duration(config.sync_period)),
+        Field::LockFile => string(&config.lock_file.to_string_lossy()),
+        Field::CleanupKubeProxy => config.cleanup_kube_proxy.to_string(),
         Field::FromFile => strings(
             config
                 .from_file
@@ -845,6 +1641,11 @@ pub fn render_effective(config: &Config, provenance: &Provenance) -> String {
             Field::HostnameOverride if config.hostname_override.is_none() => {
                 " (unset: the host name is used)"
             }
+            Field::DetectLocalMode if provenance.detect_local_mode == Source::Default => {
+                " (ClusterCIDR when cluster_cidr is set, else NodeCIDR)"
+            }
+            Field::HealthzBindAddress if config.healthz_bind_address.is_none() => " (disabled)",
+            Field::MetricsBindAddress if config.metrics_bind_address.is_none() => " (disabled)",
             _ => "",
         };
         let _ = writeln!(
@@ -960,6 +1761,26 @@ mod tests {
             default_value: "\"\"",
         },
         Case {
+            field: Field::Kubeconfig,
+            flag: &["--kubeconfig", "/flag/kubeconfig"],
+            flag_value: "\"/flag/kubeconfig\"",
+            env: "/env/kubeconfig",
+            env_value: "\"/env/kubeconfig\"",
+            file: "kubeconfig = \"/file/kubeconfig\"",
+            file_value: "\"/file/kubeconfig\"",
+            default_value: "\"\"",
+        },
+        Case {
+            field: Field::Master,
+            flag: &["--master", "https://flag.example:6443"],
+            flag_value: "\"https://flag.example:6443\"",
+            env: "http://192.0.2.1:8080",
+            env_value: "\"http://192.0.2.1:8080\"",
+            file: "master = \"https://[2001:db8::1]:6443/\"",
+            file_value: "\"https://[2001:db8::1]:6443/\"",
+            default_value: "\"\"",
+        },
+        Case {
             field: Field::ClusterCidr,
             flag: &["--cluster-cidr", "10.1.0.0/16"],
             flag_value: "[\"10.1.0.0/16\"]",
@@ -968,6 +1789,51 @@ mod tests {
             file: "cluster_cidr = [\"10.3.0.0/16\"]",
             file_value: "[\"10.3.0.0/16\"]",
             default_value: "[]",
+        },
+        Case {
+            field: Field::ServiceCidr,
+            flag: &["--service-cidr", "10.96.0.0/12"],
+            flag_value: "[\"10.96.0.0/12\"]",
+            env: "10.97.0.0/16,fd00:10:96::/112",
+            env_value: "[\"10.97.0.0/16\", \"fd00:10:96::/112\"]",
+            file: "service_cidr = [\"fd00:10:97::/112\"]",
+            file_value: "[\"fd00:10:97::/112\"]",
+            default_value: "[]",
+        },
+        Case {
+            field: Field::DetectLocalMode,
+            flag: &[
+                "--detect-local-mode",
+                "bridgeinterface",
+                "--pod-bridge-interface",
+                "cni0",
+            ],
+            flag_value: "\"BridgeInterface\"",
+            env: "NodeCIDR",
+            env_value: "\"NodeCIDR\"",
+            file: "detect_local_mode = \"ClusterCIDR\"\ncluster_cidr = \"10.244.0.0/16\"",
+            file_value: "\"ClusterCIDR\"",
+            default_value: "\"NodeCIDR\"",
+        },
+        Case {
+            field: Field::PodBridgeInterface,
+            flag: &["--pod-bridge-interface", "br-flag"],
+            flag_value: "\"br-flag\"",
+            env: "br-env",
+            env_value: "\"br-env\"",
+            file: "pod_bridge_interface = \"br-file\"",
+            file_value: "\"br-file\"",
+            default_value: "\"\"",
+        },
+        Case {
+            field: Field::PodInterfaceNamePrefix,
+            flag: &["--pod-interface-name-prefix", "vethf"],
+            flag_value: "\"vethf\"",
+            env: "vethe",
+            env_value: "\"vethe\"",
+            file: "pod_interface_name_prefix = \"cali\"",
+            file_value: "\"cali\"",
+            default_value: "\"\"",
         },
         Case {
             field: Field::MasqueradeAll,
@@ -989,16 +1855,75 @@ mod tests {
             file_value: "3",
             default_value: "14",
         },
-        // Only one value is valid, so for this field the sources are what tells them apart.
         Case {
             field: Field::NodePortAddresses,
-            flag: &["--nodeport-addresses", "primary"],
-            flag_value: "\"primary\"",
-            env: "primary",
-            env_value: "\"primary\"",
-            file: "nodeport_addresses = \"primary\"",
-            file_value: "\"primary\"",
+            flag: &["--nodeport-addresses", "primary,192.0.2.0/24"],
+            flag_value: "\"primary,192.0.2.0/24\"",
+            env: "all",
+            env_value: "\"all\"",
+            file: "nodeport_addresses = [\"10.0.0.0/8\", \"::/0\"]",
+            file_value: "\"10.0.0.0/8,::/0\"",
             default_value: "\"primary\"",
+        },
+        Case {
+            field: Field::HealthzBindAddress,
+            flag: &["--healthz-bind-address", "127.0.0.1:1"],
+            flag_value: "\"127.0.0.1:1\"",
+            env: "[::]:10256",
+            env_value: "\"[::]:10256\"",
+            file: "healthz_bind_address = \"\"",
+            file_value: "\"\"",
+            default_value: "\"0.0.0.0:10256\"",
+        },
+        Case {
+            field: Field::MetricsBindAddress,
+            flag: &["--metrics-bind-address", "0.0.0.0:9100"],
+            flag_value: "\"0.0.0.0:9100\"",
+            env: "[::1]:10249",
+            env_value: "\"[::1]:10249\"",
+            file: "metrics_bind_address = \"\"",
+            file_value: "\"\"",
+            default_value: "\"127.0.0.1:10249\"",
+        },
+        Case {
+            field: Field::MinSyncPeriod,
+            flag: &["--min-sync-period", "2s"],
+            flag_value: "\"2s\"",
+            env: "500ms",
+            env_value: "\"500ms\"",
+            file: "min_sync_period = 0",
+            file_value: "\"0s\"",
+            default_value: "\"1s\"",
+        },
+        Case {
+            field: Field::SyncPeriod,
+            flag: &["--sync-period", "1m"],
+            flag_value: "\"1m\"",
+            env: "1h30m",
+            env_value: "\"1h30m\"",
+            file: "sync_period = \"1.5s\"",
+            file_value: "\"1.5s\"",
+            default_value: "\"30s\"",
+        },
+        Case {
+            field: Field::LockFile,
+            flag: &["--lock-file", "/flag.lock"],
+            flag_value: "\"/flag.lock\"",
+            env: "/env.lock",
+            env_value: "\"/env.lock\"",
+            file: "lock_file = \"/file.lock\"",
+            file_value: "\"/file.lock\"",
+            default_value: "\"/run/nodeproxy.lock\"",
+        },
+        Case {
+            field: Field::CleanupKubeProxy,
+            flag: &["--cleanup-kube-proxy"],
+            flag_value: "true",
+            env: "false",
+            env_value: "false",
+            file: "cleanup_kube_proxy = true",
+            file_value: "true",
+            default_value: "false",
         },
         Case {
             field: Field::FromFile,
@@ -1302,13 +2227,517 @@ mod tests {
     }
 
     #[test]
-    fn nodeport_addresses_other_than_primary_are_rejected() {
-        let message = err(&["--nodeport-addresses", "10.0.0.0/8"], &[], None);
+    fn field_names_follow_one_scheme() {
+        for field in Field::ALL {
+            assert_eq!(field.flag(), format!("--{}", field.key().replace('_', "-")));
+            assert_eq!(
+                field.env_var(),
+                format!("NODEPROXY_{}", field.key().to_uppercase())
+            );
+        }
+    }
+
+    #[test]
+    fn detect_local_mode_defaults_to_cluster_cidr_when_a_cluster_cidr_is_set_else_node_cidr() {
+        assert_eq!(
+            Config::default().detect_local_mode(),
+            DetectLocalMode::NodeCidr
+        );
+        let loaded = ok(&[], &[], None);
+        assert_eq!(loaded.config.detect_local_mode(), DetectLocalMode::NodeCidr);
+        assert_eq!(loaded.provenance.detect_local_mode, Source::Default);
+        // The cluster CIDR may come from any source; the default follows the merged value.
+        for loaded in [
+            ok(&["--cluster-cidr", "10.244.0.0/16"], &[], None),
+            ok(&[], &[("NODEPROXY_CLUSTER_CIDR", "fd00:10:244::/56")], None),
+            ok(&[], &[], Some("cluster_cidr = \"10.244.0.0/16\"")),
+        ] {
+            assert_eq!(
+                loaded.config.detect_local_mode(),
+                DetectLocalMode::ClusterCidr
+            );
+            assert_eq!(loaded.provenance.detect_local_mode, Source::Default);
+        }
+        // An explicit mode wins over the derived default.
+        let loaded = ok(
+            &[
+                "--cluster-cidr",
+                "10.244.0.0/16",
+                "--detect-local-mode",
+                "NodeCIDR",
+            ],
+            &[],
+            None,
+        );
+        assert_eq!(loaded.config.detect_local_mode(), DetectLocalMode::NodeCidr);
+        assert_eq!(loaded.provenance.detect_local_mode, Source::Flag);
+    }
+
+    #[test]
+    fn detect_local_mode_is_case_insensitive_and_an_unknown_mode_lists_the_valid_ones() {
+        let loaded = ok(
+            &[],
+            &[
+                ("NODEPROXY_DETECT_LOCAL_MODE", "interfacenameprefix"),
+                ("NODEPROXY_POD_INTERFACE_NAME_PREFIX", "veth"),
+            ],
+            None,
+        );
+        assert_eq!(
+            loaded.config.detect_local_mode(),
+            DetectLocalMode::InterfaceNamePrefix
+        );
+        let message = err(&["--detect-local-mode", "PodCIDR"], &[], None);
+        assert!(message.contains("detect_local_mode `PodCIDR`"), "{message}");
+        assert!(message.contains("flag --detect-local-mode"), "{message}");
         assert!(
-            message.contains("only `primary` is supported in this version"),
+            message.contains("ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix"),
             "{message}"
         );
-        assert!(message.contains("10.0.0.0/8"), "{message}");
+    }
+
+    #[test]
+    fn bridge_interface_mode_without_a_bridge_is_rejected_naming_both_fields() {
+        let message = err(&[], &[], Some("detect_local_mode = \"BridgeInterface\""));
+        assert!(message.contains("detect_local_mode"), "{message}");
+        assert!(message.contains(&format!("file {FILE}")), "{message}");
+        assert!(
+            message.contains("requires pod_bridge_interface (--pod-bridge-interface)"),
+            "{message}"
+        );
+        let loaded = ok(
+            &["--detect-local-mode=BridgeInterface"],
+            &[("NODEPROXY_POD_BRIDGE_INTERFACE", "cni0")],
+            None,
+        );
+        assert_eq!(loaded.config.pod_bridge_interface.as_deref(), Some("cni0"));
+    }
+
+    #[test]
+    fn interface_name_prefix_mode_without_a_prefix_is_rejected_naming_both_fields() {
+        let message = err(&["--detect-local-mode", "InterfaceNamePrefix"], &[], None);
+        assert!(message.contains("detect_local_mode"), "{message}");
+        assert!(
+            message.contains("requires pod_interface_name_prefix (--pod-interface-name-prefix)"),
+            "{message}"
+        );
+        // A prefix given without the mode is allowed (and unused).
+        let loaded = ok(&["--pod-interface-name-prefix", "veth"], &[], None);
+        assert_eq!(loaded.config.detect_local_mode(), DetectLocalMode::NodeCidr);
+    }
+
+    #[test]
+    fn an_explicit_cluster_cidr_mode_without_a_cluster_cidr_is_rejected_naming_both_fields() {
+        let message = err(&[], &[("NODEPROXY_DETECT_LOCAL_MODE", "ClusterCIDR")], None);
+        assert!(
+            message.contains("detect_local_mode `ClusterCIDR`"),
+            "{message}"
+        );
+        assert!(
+            message.contains("env NODEPROXY_DETECT_LOCAL_MODE"),
+            "{message}"
+        );
+        assert!(
+            message.contains("requires cluster_cidr (--cluster-cidr)"),
+            "{message}"
+        );
+        let loaded = ok(
+            &["--detect-local-mode", "clustercidr"],
+            &[("NODEPROXY_CLUSTER_CIDR", "10.244.0.0/16")],
+            None,
+        );
+        assert_eq!(
+            loaded.config.detect_local_mode(),
+            DetectLocalMode::ClusterCidr
+        );
+    }
+
+    #[test]
+    fn pod_interface_names_must_be_valid_linux_interface_names() {
+        for bad in ["a-name-of-16-byt", "a/b", "eth0:1", "br 0", ".", ".."] {
+            let message = err(&["--pod-bridge-interface", bad], &[], None);
+            assert!(message.contains("pod_bridge_interface"), "{message}");
+            assert!(message.contains("1 to 15 bytes"), "{message}");
+        }
+        for bad in ["sixteen-bytes-xx", "veth/", "cali:"] {
+            let message = err(&["--pod-interface-name-prefix", bad], &[], None);
+            assert!(message.contains("pod_interface_name_prefix"), "{message}");
+            assert!(message.contains("1 to 15 bytes"), "{message}");
+        }
+        let loaded = ok(
+            &[
+                "--pod-bridge-interface",
+                "fifteen-bytes-x",
+                "--pod-interface-name-prefix",
+                ".",
+            ],
+            &[],
+            None,
+        );
+        assert_eq!(
+            loaded.config.pod_bridge_interface.as_deref(),
+            Some("fifteen-bytes-x")
+        );
+        assert_eq!(
+            loaded.config.pod_interface_name_prefix.as_deref(),
+            Some(".")
+        );
+        // Empty means unset, as for --hostname-override, so `--print-config` output reads back.
+        let loaded = ok(
+            &["--pod-bridge-interface="],
+            &[],
+            Some("pod_bridge_interface = \"cni0\""),
+        );
+        assert_eq!(loaded.config.pod_bridge_interface, None);
+        assert_eq!(loaded.provenance.pod_bridge_interface, Source::Flag);
+    }
+
+    #[test]
+    fn nodeport_addresses_accepts_primary_all_and_cidrs_in_combination() {
+        let net = |text: &str| -> IpNet { text.parse().unwrap() };
+        let parsed = |value: &str| {
+            ok(&["--nodeport-addresses", value], &[], None)
+                .config
+                .nodeport_addresses
+        };
+        let addresses = parsed("primary,192.0.2.0/24");
+        assert_eq!(
+            addresses,
+            NodePortAddresses {
+                primary: true,
+                all: false,
+                cidrs: vec![net("192.0.2.0/24")],
+            }
+        );
+        assert!(addresses.selects("198.51.100.1".parse().unwrap(), true));
+        assert!(addresses.selects("192.0.2.9".parse().unwrap(), false));
+        assert!(!addresses.selects("198.51.100.1".parse().unwrap(), false));
+        assert!(!addresses.all_of(IpFamily::V4));
+
+        let addresses = parsed("all");
+        assert!(addresses.all && !addresses.primary && addresses.cidrs.is_empty());
+        assert!(addresses.all_of(IpFamily::V4) && addresses.all_of(IpFamily::V6));
+
+        let addresses = parsed("0.0.0.0/0");
+        assert!(!addresses.primary && !addresses.all);
+        assert!(addresses.all_of(IpFamily::V4));
+        assert!(!addresses.all_of(IpFamily::V6));
+        assert!(parsed("::/0").all_of(IpFamily::V6));
+
+        assert_eq!(parsed("Primary"), NodePortAddresses::primary());
+        let loaded = ok(
+            &[],
+            &[],
+            Some("nodeport_addresses = [\"2001:db8::/64\", \"all\"]"),
+        );
+        assert_eq!(
+            loaded.config.nodeport_addresses,
+            NodePortAddresses {
+                primary: false,
+                all: true,
+                cidrs: vec![net("2001:db8::/64")],
+            }
+        );
+    }
+
+    #[test]
+    fn empty_nodeport_addresses_mean_primary() {
+        let loaded = ok(
+            &["--nodeport-addresses="],
+            &[],
+            Some("nodeport_addresses = \"all\""),
+        );
+        assert!(loaded.config.nodeport_addresses.is_primary_only());
+        assert_eq!(loaded.provenance.nodeport_addresses, Source::Flag);
+        let loaded = ok(&[], &[], Some("nodeport_addresses = []"));
+        assert_eq!(
+            loaded.config.nodeport_addresses,
+            NodePortAddresses::primary()
+        );
+    }
+
+    #[test]
+    fn localhost_nodeports_are_rejected() {
+        for value in ["localhost", "primary,localhost", "127.0.0.0/8", "::1/128"] {
+            let message = err(&["--nodeport-addresses", value], &[], None);
+            assert!(
+                message.contains("localhost NodePorts are not supported"),
+                "{message}"
+            );
+            assert!(message.contains("nodeport_addresses"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_bad_nodeport_cidr_is_rejected_naming_the_item() {
+        let message = err(&["--nodeport-addresses", "primary,192.0.2.0/33"], &[], None);
+        assert!(
+            message.contains("`192.0.2.0/33` is not a CIDR"),
+            "{message}"
+        );
+        assert!(message.contains("`primary`, `all` or CIDRs"), "{message}");
+        assert!(message.contains("flag --nodeport-addresses"), "{message}");
+        let message = err(
+            &[],
+            &[("NODEPROXY_NODEPORT_ADDRESSES", "192.0.2.1/24")],
+            None,
+        );
+        assert!(message.contains("did you mean 192.0.2.0/24"), "{message}");
+        let message = err(&[], &[], Some("nodeport_addresses = \"192.0.2.1\""));
+        assert!(
+            message.contains("192.0.2.1/32 for one address"),
+            "{message}"
+        );
+        let message = err(&[], &[], Some("nodeport_addresses = \"primaryy\""));
+        assert!(message.contains("`primaryy` is not a CIDR"), "{message}");
+    }
+
+    #[test]
+    fn service_cidr_takes_one_cidr_per_family() {
+        let loaded = ok(
+            &["--service-cidr", "10.96.0.0/12,fd00:10:96::/112"],
+            &[],
+            None,
+        );
+        assert_eq!(
+            loaded.config.service_cidr_of(IpFamily::V6),
+            Some("fd00:10:96::/112".parse().unwrap())
+        );
+        let message = err(&["--service-cidr", "10.96.0.0/12,10.97.0.0/16"], &[], None);
+        assert!(message.contains("service_cidr"), "{message}");
+        assert!(message.contains("two IPv4 CIDRs"), "{message}");
+        let message = err(&[], &[], Some("service_cidr = \"10.96.0.1\""));
+        assert!(message.contains("write the service network"), "{message}");
+    }
+
+    #[test]
+    fn master_must_be_an_http_or_https_url() {
+        for good in [
+            "https://api.example.com",
+            "HTTPS://10.0.0.1:6443",
+            "http://[::1]:8080/prefix",
+        ] {
+            let loaded = ok(&["--master", good], &[], None);
+            assert_eq!(loaded.config.master.as_deref(), Some(good));
+        }
+        for bad in [
+            "10.0.0.1:6443",
+            "ftp://host",
+            "https://",
+            "https://host:99999",
+            "https://host:0",
+            "https://user:secret@host",
+            "https://[::1",
+            "https://ho st",
+        ] {
+            let message = err(&["--master", bad], &[], None);
+            assert!(message.contains("master"), "{message}");
+            assert!(message.contains("http:// or https:// URL"), "{message}");
+        }
+        assert_eq!(ok(&["--master="], &[], None).config.master, None);
+    }
+
+    #[test]
+    fn an_empty_kubeconfig_means_unset_and_an_empty_lock_file_is_rejected() {
+        let loaded = ok(&["--kubeconfig="], &[], Some("kubeconfig = \"/k\""));
+        assert_eq!(loaded.config.kubeconfig, None);
+        let message = err(&[], &[], Some("lock_file = \"\""));
+        assert!(message.contains("lock_file"), "{message}");
+        assert!(message.contains("/run/nodeproxy.lock"), "{message}");
+        assert_eq!(
+            Config::default().lock_file,
+            PathBuf::from("/run/nodeproxy.lock")
+        );
+    }
+
+    #[test]
+    fn bind_addresses_default_to_kube_proxy_ports_and_empty_disables_them() {
+        let config = Config::default();
+        assert_eq!(
+            config.healthz_bind_address,
+            Some("0.0.0.0:10256".parse().unwrap())
+        );
+        assert_eq!(
+            config.metrics_bind_address,
+            Some("127.0.0.1:10249".parse().unwrap())
+        );
+        let loaded = ok(
+            &["--healthz-bind-address=", "--metrics-bind-address", ""],
+            &[],
+            None,
+        );
+        assert_eq!(loaded.config.healthz_bind_address, None);
+        assert_eq!(loaded.config.metrics_bind_address, None);
+        let rendered = render_effective(&loaded.config, &loaded.provenance);
+        assert!(
+            rendered.contains(
+                "healthz_bind_address = \"\"  # flag --healthz-bind-address (disabled)\n"
+            ),
+            "{rendered}"
+        );
+    }
+
+    #[test]
+    fn a_bind_address_without_a_port_or_with_port_0_is_rejected() {
+        let message = err(&["--healthz-bind-address", "192.0.2.1"], &[], None);
+        assert!(message.contains("healthz_bind_address"), "{message}");
+        assert!(message.contains("has no port"), "{message}");
+        assert!(message.contains("192.0.2.1:10256"), "{message}");
+        let message = err(&[], &[], Some("metrics_bind_address = \"[::]:0\""));
+        assert!(message.contains("port 0 is not allowed"), "{message}");
+        let message = err(&[], &[], Some("metrics_bind_address = \"nowhere\""));
+        assert!(message.contains("ADDRESS:PORT"), "{message}");
+    }
+
+    #[test]
+    fn healthz_and_metrics_on_the_same_port_are_rejected_naming_both_fields() {
+        let message = err(&["--metrics-bind-address", "127.0.0.1:10256"], &[], None);
+        assert!(message.contains("metrics_bind_address"), "{message}");
+        assert!(
+            message.contains("healthz_bind_address `0.0.0.0:10256` (from default)"),
+            "{message}"
+        );
+        // Different families with specific addresses do not collide; `::` takes IPv4 too.
+        ok(
+            &[
+                "--healthz-bind-address",
+                "0.0.0.0:9000",
+                "--metrics-bind-address",
+                "[::1]:9000",
+            ],
+            &[],
+            None,
+        );
+        err(
+            &[
+                "--healthz-bind-address",
+                "[::]:9000",
+                "--metrics-bind-address",
+                "127.0.0.1:9000",
+            ],
+            &[],
+            None,
+        );
+    }
+
+    #[test]
+    fn durations_round_trip_in_kube_proxy_syntax() {
+        for (text, nanos, printed) in [
+            ("1h30m", 5_400_000_000_000, "1h30m"),
+            ("500ms", 500_000_000, "500ms"),
+            ("1.5s", 1_500_000_000, "1.5s"),
+            ("0", 0, "0s"),
+            ("0s", 0, "0s"),
+            ("90s", 90_000_000_000, "1m30s"),
+            ("1h0m5s", 3_605_000_000_000, "1h5s"),
+            ("1m0.25s", 60_250_000_000, "1m0.25s"),
+            (".5m", 30_000_000_000, "30s"),
+            ("2us", 2_000, "2µs"),
+            ("1.5µs", 1_500, "1.5µs"),
+            ("100ns", 100, "100ns"),
+            ("+2s", 2_000_000_000, "2s"),
+        ] {
+            let parsed = parse_duration(text).unwrap();
+            assert_eq!(parsed, Duration::from_nanos(nanos), "{text}");
+            assert_eq!(format_duration(parsed), printed, "{text}");
+            assert_eq!(parse_duration(printed).unwrap(), parsed, "{text}");
+        }
+    }
+
+    #[test]
+    fn invalid_durations_are_rejected_with_the_syntax() {
+        for (text, why) in [
+            ("-1s", "must not be negative"),
+            ("30", "lacks a unit"),
+            ("1d", "unknown unit `d`"),
+            ("s", "does not start with a number"),
+            ("1.5.5s", "lacks a unit"),
+            ("9999999999h", "too long"),
+        ] {
+            let message = err(&["--sync-period", text], &[], None);
+            assert!(message.contains(why), "{text}: {message}");
+            assert!(message.contains("sync_period"), "{message}");
+            assert!(message.contains("1h30m"), "{message}");
+        }
+        let message = err(&[], &[], Some("sync_period = 30"));
+        assert!(message.contains("lacks a unit"), "{message}");
+        let message = err(&[], &[], Some("min_sync_period = true"));
+        assert!(message.contains("duration string"), "{message}");
+    }
+
+    #[test]
+    fn sync_period_must_be_positive_and_min_sync_period_at_most_sync_period() {
+        let message = err(&["--sync-period", "0s"], &[], None);
+        assert!(message.contains("sync_period `0s`"), "{message}");
+        assert!(message.contains("longer than 0"), "{message}");
+        let loaded = ok(&["--min-sync-period", "0"], &[], None);
+        assert_eq!(loaded.config.min_sync_period, Duration::ZERO);
+        let loaded = ok(&["--min-sync-period", "30s"], &[], None);
+        assert_eq!(loaded.config.min_sync_period, loaded.config.sync_period);
+
+        let message = err(
+            &["--min-sync-period", "1m", "--sync-period", "30s"],
+            &[],
+            None,
+        );
+        assert!(message.contains("min_sync_period `1m`"), "{message}");
+        assert!(message.contains("flag --min-sync-period"), "{message}");
+        assert!(
+            message.contains("sync_period `30s` (from flag --sync-period)"),
+            "{message}"
+        );
+        let message = err(&[], &[], Some("min_sync_period = \"31s\""));
+        assert!(message.contains(&format!("file {FILE}")), "{message}");
+        assert!(message.contains("(from default)"), "{message}");
+    }
+
+    #[test]
+    fn health_timeout_is_twice_the_sync_period() {
+        assert_eq!(Config::default().health_timeout(), Duration::from_secs(60));
+        let loaded = ok(&["--sync-period", "1h30m"], &[], None);
+        assert_eq!(
+            loaded.config.health_timeout(),
+            Duration::from_secs(3 * 3600)
+        );
+    }
+
+    #[test]
+    fn cleanup_kube_proxy_accepts_kube_proxy_boolean_spellings() {
+        assert!(
+            ok(&["--cleanup-kube-proxy"], &[], None)
+                .config
+                .cleanup_kube_proxy
+        );
+        assert!(
+            ok(&[], &[("NODEPROXY_CLEANUP_KUBE_PROXY", "T")], None)
+                .config
+                .cleanup_kube_proxy
+        );
+        let loaded = ok(
+            &["--cleanup-kube-proxy=0"],
+            &[],
+            Some("cleanup_kube_proxy = true"),
+        );
+        assert!(!loaded.config.cleanup_kube_proxy);
+        let message = err(&[], &[], Some("cleanup_kube_proxy = \"yes\""));
+        assert!(message.contains("cleanup_kube_proxy"), "{message}");
+        assert!(message.contains("TOML boolean"), "{message}");
+    }
+
+    #[test]
+    fn a_kube_proxy_yaml_key_with_an_acronym_gets_a_hint() {
+        for (key, hint) in [
+            ("clusterCIDR", "cluster_cidr"),
+            ("detectLocalMode", "detect_local_mode"),
+            ("healthzBindAddress", "healthz_bind_address"),
+            ("syncPeriod", "sync_period"),
+        ] {
+            let message = err(&[], &[], Some(&format!("{key} = \"x\"")));
+            assert!(
+                message.contains(&format!("did you mean `{hint}`")),
+                "{message}"
+            );
+        }
     }
 
     #[test]
@@ -1410,6 +2839,48 @@ mod tests {
             "{rendered}"
         );
         assert!(rendered.contains("nodeport_addresses = \"primary\"  # default\n"));
+        let reloaded = ok(&[], &[], Some(&rendered));
+        assert_eq!(reloaded.config, loaded.config);
+
+        // Every new kind of value: durations, bind addresses (one disabled), the derived
+        // detect-local-mode default, nodeport keyword/CIDR combinations, optional strings.
+        let loaded = ok(
+            &[
+                "--nodeport-addresses",
+                "primary,192.0.2.0/24,::/0",
+                "--sync-period",
+                "1h30m",
+                "--min-sync-period",
+                "1.5s",
+                "--healthz-bind-address=",
+                "--metrics-bind-address",
+                "[::1]:9100",
+                "--cleanup-kube-proxy",
+                "--pod-interface-name-prefix",
+                "veth",
+            ],
+            &[
+                ("NODEPROXY_CLUSTER_CIDR", "10.244.0.0/16"),
+                ("NODEPROXY_SERVICE_CIDR", "10.96.0.0/12,fd00:10:96::/112"),
+                ("NODEPROXY_KUBECONFIG", "/etc/kubernetes/kube-proxy.conf"),
+                ("NODEPROXY_MASTER", "https://192.0.2.10:6443"),
+            ],
+            Some("lock_file = \"/var/lock/np.lock\"\npod_bridge_interface = \"cni0\""),
+        );
+        let rendered = render_effective(&loaded.config, &loaded.provenance);
+        for line in [
+            "detect_local_mode = \"ClusterCIDR\"  # default (ClusterCIDR when cluster_cidr is \
+             set, else NodeCIDR)\n",
+            "nodeport_addresses = \"primary,192.0.2.0/24,::/0\"  # flag --nodeport-addresses\n",
+            "sync_period = \"1h30m\"  # flag --sync-period\n",
+            "min_sync_period = \"1.5s\"  # flag --min-sync-period\n",
+            "healthz_bind_address = \"\"  # flag --healthz-bind-address (disabled)\n",
+            "metrics_bind_address = \"[::1]:9100\"  # flag --metrics-bind-address\n",
+            "cleanup_kube_proxy = true  # flag --cleanup-kube-proxy\n",
+            "master = \"https://192.0.2.10:6443\"  # env NODEPROXY_MASTER\n",
+        ] {
+            assert!(rendered.contains(line), "{line}\n{rendered}");
+        }
         let reloaded = ok(&[], &[], Some(&rendered));
         assert_eq!(reloaded.config, loaded.config);
 

@@ -6,7 +6,11 @@
 
 pub mod cli;
 pub mod config;
+pub mod conntrack;
+pub mod leftovers;
+pub mod lock;
 pub mod model;
 pub mod nft;
 pub mod ruleset;
 pub mod source;
+pub mod sync;

@@ -8,6 +8,7 @@ pub mod diff;
 pub mod fake;
 pub mod msg;
 pub mod netlink;
+pub mod probe;
 pub mod udata;
 pub mod wire;
 

@@ -142,20 +142,23 @@ fn usable_endpoints(endpoints: Vec<Endpoint<'_>>, family: IpFamily) -> Vec<Endpo
 fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Collected {
     let mut c = Collected::default();
     let node = state.nodes.get(&settings.node_name);
-    match settings.nodeport_addresses {
-        NodePortAddresses::Primary => {
-            if let Some(ip) = node.and_then(|n| n.primary_ip(family)) {
-                c.nodeport_ips.push(Element {
-                    key: vec![Atom::Addr(ip)],
-                    data: None,
-                    comment: Some(Arc::from(format!(
-                        "primary address of node {}",
-                        settings.node_name
-                    ))),
-                    origin: None,
-                });
-            }
-        }
+    // Only the Node's primary address is programmed, and only when the selection includes it
+    // (`primary`, `all`, or a CIDR containing it), so a NodePort never answers on an address
+    // that was not selected. The other addresses that `all` and CIDR lists select are not
+    // programmed in this version; for the default, `primary`, this is kube-proxy's complete
+    // nftables behaviour.
+    if let Some(ip) = node.and_then(|n| n.primary_ip(family))
+        && settings.nodeport_addresses.selects(ip, true)
+    {
+        c.nodeport_ips.push(Element {
+            key: vec![Atom::Addr(ip)],
+            data: None,
+            comment: Some(Arc::from(format!(
+                "primary address of node {}",
+                settings.node_name
+            ))),
+            origin: None,
+        });
     }
 
     let slices = state.slices_by_service();

@@ -85,7 +85,7 @@ fn settings() -> Settings {
         cluster_cidrs: vec!["198.51.100.0/24".parse().unwrap()],
         masquerade_all: false,
         mark: 0x4000,
-        nodeport_addresses: NodePortAddresses::Primary,
+        nodeport_addresses: NodePortAddresses::primary(),
     }
 }
 

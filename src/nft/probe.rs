@@ -1,0 +1,594 @@
+//! Capability probe: tries every expression and object kind nodeproxy programs in a throw-away
+//! table (`nodeproxy-probe-<pid>`, families ip and ip6), one transaction per feature, so that a
+//! kernel built without some nf_tables option is named precisely (feature and CONFIG_ option)
+//! at startup instead of failing a whole sync later.
+//!
+//! Every probe rule starts with a match no packet can satisfy (`ip saddr X ip saddr != X`):
+//! the base chains are real (their hooks are registered, as ours will be) but the probe never
+//! touches traffic. The table is owned by our netlink socket where the kernel supports
+//! `NFT_TABLE_F_OWNER` (5.12+), so it vanishes even if we crash; it is deleted explicitly in any
+//! case.
+
+use std::fmt;
+
+use super::diff::{Op, Plan};
+use super::msg::put_attr;
+use super::wire::{WireExpr, WireSet, WireTable, lower};
+use super::{Kernel, NetlinkKernel, NftError};
+use crate::model::{IpFamily, Protocol};
+use crate::ruleset::{
+    AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set,
+    SetData, Stmt, Table, Verdict,
+};
+
+/// `NFT_TABLE_F_OWNER` (kernel 5.12): the table belongs to the netlink socket that created it.
+pub const TABLE_F_OWNER: u32 = 0x2;
+/// `NFT_TABLE_F_PERSIST` (kernel 6.9): an owned table survives its owner's exit.
+pub const TABLE_F_PERSIST: u32 = 0x4;
+
+/// A feature the kernel refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    pub family: IpFamily,
+    /// What nodeproxy needs, e.g. `fib`.
+    pub feature: &'static str,
+    /// The kernel configuration option(s) that provide it.
+    pub config: &'static str,
+    /// The kernel's answer.
+    pub error: String,
+}
+
+impl fmt::Display for Missing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}, {}): {}",
+            self.feature, self.family, self.config, self.error
+        )
+    }
+}
+
+/// What the kernel supports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Features the kernel refused, per family; empty when everything works.
+    pub missing: Vec<Missing>,
+    /// `NFT_TABLE_F_OWNER` is accepted.
+    pub table_owner: bool,
+    /// `NFT_TABLE_F_PERSIST` (with owner) is accepted.
+    pub table_persist: bool,
+}
+
+impl Capabilities {
+    pub fn complete(&self) -> bool {
+        self.missing.is_empty()
+    }
+}
+
+/// One feature: how to build its objects, and what provides it in the kernel.
+struct Probe {
+    feature: &'static str,
+    config: fn(IpFamily) -> &'static str,
+    /// Builds the feature's sets and chains; names start with `prefix` (unique per probe).
+    build: fn(IpFamily, &str) -> Result<WireTable, NftError>,
+}
+
+const PROBES: &[Probe] = &[
+    Probe {
+        feature: "dnat to a concatenated address . port map",
+        config: |_| "CONFIG_NFT_NAT",
+        build: build_dnat_map,
+    },
+    Probe {
+        feature: "masquerade fully-random",
+        config: |_| "CONFIG_NFT_MASQ",
+        build: build_masquerade,
+    },
+    Probe {
+        feature: "numgen",
+        config: |_| "CONFIG_NFT_NUMGEN",
+        build: build_numgen,
+    },
+    Probe {
+        feature: "fib",
+        config: |f| match f {
+            IpFamily::V4 => "CONFIG_NFT_FIB_IPV4",
+            IpFamily::V6 => "CONFIG_NFT_FIB_IPV6",
+        },
+        build: build_fib,
+    },
+    Probe {
+        feature: "ct state / ct status",
+        config: |_| "CONFIG_NFT_CT",
+        build: build_ct,
+    },
+    Probe {
+        feature: "reject",
+        config: |f| match f {
+            IpFamily::V4 => "CONFIG_NFT_REJECT, CONFIG_NFT_REJECT_IPV4",
+            IpFamily::V6 => "CONFIG_NFT_REJECT, CONFIG_NFT_REJECT_IPV6",
+        },
+        build: build_reject,
+    },
+    Probe {
+        feature: "concatenated verdict map",
+        config: |_| "CONFIG_NF_TABLES",
+        build: build_concat_vmap,
+    },
+    Probe {
+        feature: "dynamic set with timeouts",
+        config: |_| "CONFIG_NF_TABLES_SET",
+        build: build_dynset,
+    },
+    Probe {
+        feature: "meta mark",
+        config: |_| "CONFIG_NF_TABLES",
+        build: build_mark,
+    },
+];
+
+/// Probes the kernel; see the module documentation. Errors only when the probe itself cannot
+/// run (no nf_tables at all, netlink failures); refused features are in
+/// [`Capabilities::missing`].
+pub fn probe(kernel: &mut NetlinkKernel) -> Result<Capabilities, NftError> {
+    probe_with(kernel, PROBES)
+}
+
+fn probe_table_name() -> String {
+    format!("nodeproxy-probe-{}", std::process::id())
+}
+
+fn probe_with(kernel: &mut NetlinkKernel, probes: &[Probe]) -> Result<Capabilities, NftError> {
+    let name = probe_table_name();
+    let result = run(kernel, &name, probes);
+    // Always remove the probe tables, also when a probe failed half-way.
+    let cleanup = kernel.delete_tables(&name);
+    let caps = result?;
+    cleanup?;
+    Ok(caps)
+}
+
+fn table_plan(family: IpFamily, name: &str, flags: u32) -> Plan<'static> {
+    Plan {
+        family,
+        table: name.to_owned(),
+        phase1: vec![Op::AddTable {
+            flags,
+            userdata: &[],
+        }],
+        phase2: Vec::new(),
+    }
+}
+
+/// Creates (and deletes again) a table with `flags`; whether the kernel accepted them.
+fn table_flags_supported(
+    kernel: &mut NetlinkKernel,
+    name: &str,
+    flags: u32,
+) -> Result<bool, NftError> {
+    match kernel.apply(&table_plan(IpFamily::V4, name, flags)) {
+        Ok(_) => {
+            kernel.delete_tables(name)?;
+            Ok(true)
+        }
+        // Unknown table flags: EOPNOTSUPP.
+        Err(NftError::Rejected { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn run(kernel: &mut NetlinkKernel, name: &str, probes: &[Probe]) -> Result<Capabilities, NftError> {
+    let mut caps = Capabilities {
+        // Persist is only meaningful (and only accepted) together with owner.
+        table_persist: table_flags_supported(kernel, name, TABLE_F_OWNER | TABLE_F_PERSIST)?,
+        ..Capabilities::default()
+    };
+    caps.table_owner = caps.table_persist || table_flags_supported(kernel, name, TABLE_F_OWNER)?;
+    let flags = if caps.table_owner { TABLE_F_OWNER } else { 0 };
+    for family in IpFamily::ALL {
+        kernel.apply(&table_plan(family, name, flags))?;
+        for (i, p) in probes.iter().enumerate() {
+            let objects = (p.build)(family, &format!("p{i}"))?;
+            let plan = Plan {
+                family,
+                table: name.to_owned(),
+                phase1: ops_of(&objects),
+                phase2: Vec::new(),
+            };
+            match kernel.apply(&plan) {
+                Ok(_) => {}
+                Err(NftError::Rejected { errors }) => caps.missing.push(Missing {
+                    family,
+                    feature: p.feature,
+                    config: (p.config)(family),
+                    error: errors
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                }),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(caps)
+}
+
+/// The operations creating every set and chain of `w`, then the elements (verdicts may name
+/// the chains), then the rules (which may name the sets).
+fn ops_of(w: &WireTable) -> Vec<Op<'_>> {
+    let mut ops = Vec::new();
+    for (name, set) in w.sets_ordered() {
+        ops.push(Op::AddSet { name, set });
+    }
+    for (name, chain) in w.chains_ordered() {
+        ops.push(Op::AddChain { name, chain });
+    }
+    for (name, set) in w.sets_ordered() {
+        if !set.elements.is_empty() {
+            ops.push(Op::AddElems {
+                set: name,
+                def: set,
+                elems: set.elements.iter().map(|(k, e)| (&k[..], e)).collect(),
+            });
+        }
+    }
+    for (name, chain) in w.chains_ordered() {
+        for (index, rule) in chain.rules.iter().enumerate() {
+            ops.push(Op::AddRule {
+                chain: name,
+                index,
+                rule,
+            });
+        }
+    }
+    ops
+}
+
+// ---- the probes ----
+
+/// A match no packet satisfies: `ip saddr X ip saddr != X`.
+fn never(family: IpFamily) -> Vec<Stmt> {
+    let net: ipnet::IpNet = match family {
+        IpFamily::V4 => ipnet::IpNet::from(std::net::IpAddr::from([192, 0, 2, 255])),
+        IpFamily::V6 => ipnet::IpNet::from(std::net::IpAddr::from([
+            0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff,
+        ])),
+    };
+    vec![
+        Stmt::AddrMatch {
+            field: AddrField::Saddr,
+            negate: false,
+            net,
+        },
+        Stmt::AddrMatch {
+            field: AddrField::Saddr,
+            negate: true,
+            net,
+        },
+    ]
+}
+
+fn guarded(family: IpFamily, stmts: Vec<Stmt>) -> Rule {
+    let mut all = never(family);
+    all.extend(stmts);
+    Rule::new(all)
+}
+
+fn chain(name: String, base: Option<(ChainType, Hook)>, rules: Vec<Rule>) -> Chain {
+    Chain {
+        name,
+        comment: String::new(),
+        base: base.map(|(kind, hook)| BaseChain {
+            kind,
+            hook,
+            priority: 0,
+        }),
+        rules,
+    }
+}
+
+fn table(family: IpFamily, sets: Vec<Set>, chains: Vec<Chain>) -> Result<WireTable, NftError> {
+    lower(&Table {
+        family,
+        name: probe_table_name(),
+        comment: String::new(),
+        sets,
+        chains,
+    })
+}
+
+fn addr(family: IpFamily, last: u8) -> Atom {
+    Atom::Addr(match family {
+        IpFamily::V4 => std::net::IpAddr::from([203, 0, 113, last]),
+        IpFamily::V6 => std::net::IpAddr::from([
+            0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, last,
+        ]),
+    })
+}
+
+fn element(key: Vec<Atom>, data: Option<ElemData>) -> Element {
+    Element {
+        key,
+        data,
+        comment: None,
+        origin: None,
+    }
+}
+
+fn service_key() -> Vec<KeyField> {
+    vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport]
+}
+
+fn service_atoms(family: IpFamily) -> Vec<Atom> {
+    vec![addr(family, 1), Atom::Proto(Protocol::Udp), Atom::Port(53)]
+}
+
+fn build_dnat_map(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    let map = format!("{p}-map");
+    let set = Set {
+        name: map.clone(),
+        comment: String::new(),
+        key: service_key(),
+        data: Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
+        typeof_: true,
+        elements: vec![element(
+            service_atoms(family),
+            Some(ElemData::Value(vec![addr(family, 2), Atom::Port(5353)])),
+        )],
+    };
+    let rule = guarded(
+        family,
+        vec![Stmt::DnatMap {
+            key: service_key(),
+            map,
+        }],
+    );
+    table(
+        family,
+        vec![set],
+        vec![chain(
+            format!("{p}-dnat"),
+            Some((ChainType::Nat, Hook::Prerouting)),
+            vec![rule],
+        )],
+    )
+}
+
+fn build_masquerade(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    let rule = guarded(family, vec![Stmt::Masquerade { fully_random: true }]);
+    table(
+        family,
+        vec![],
+        vec![chain(
+            format!("{p}-masq"),
+            Some((ChainType::Nat, Hook::Postrouting)),
+            vec![rule],
+        )],
+    )
+}
+
+fn build_numgen(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    let map = format!("{p}-slots");
+    let key = vec![KeyField::Numgen { modulus: 2 }];
+    let set = Set {
+        name: map.clone(),
+        comment: String::new(),
+        key: key.clone(),
+        data: Some(SetData::Verdict),
+        typeof_: true,
+        elements: (0..2)
+            .map(|i| element(vec![Atom::Int(i)], Some(ElemData::Verdict(Verdict::Accept))))
+            .collect(),
+    };
+    let rule = guarded(family, vec![Stmt::Vmap { key, map }]);
+    table(
+        family,
+        vec![set],
+        vec![chain(
+            format!("{p}-numgen"),
+            Some((ChainType::Filter, Hook::Prerouting)),
+            vec![rule],
+        )],
+    )
+}
+
+fn build_ct(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    let rule = guarded(
+        family,
+        vec![
+            Stmt::CtStateNew,
+            Stmt::CtStatusDnat,
+            Stmt::Verdict(Verdict::Accept),
+        ],
+    );
+    table(
+        family,
+        vec![],
+        vec![chain(
+            format!("{p}-ct"),
+            Some((ChainType::Filter, Hook::Prerouting)),
+            vec![rule],
+        )],
+    )
+}
+
+fn build_reject(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    // reject is only valid in input, forward and output.
+    let rule = guarded(family, vec![Stmt::Reject]);
+    table(
+        family,
+        vec![],
+        vec![chain(
+            format!("{p}-reject"),
+            Some((ChainType::Filter, Hook::Input)),
+            vec![rule],
+        )],
+    )
+}
+
+fn build_concat_vmap(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    let map = format!("{p}-vmap");
+    let target = format!("{p}-target");
+    let set = Set {
+        name: map.clone(),
+        comment: String::new(),
+        key: service_key(),
+        data: Some(SetData::Verdict),
+        typeof_: false,
+        elements: vec![element(
+            service_atoms(family),
+            Some(ElemData::Verdict(Verdict::Goto(target.clone()))),
+        )],
+    };
+    let rule = guarded(
+        family,
+        vec![Stmt::Vmap {
+            key: service_key(),
+            map,
+        }],
+    );
+    table(
+        family,
+        vec![set],
+        vec![
+            chain(target, None, vec![]),
+            chain(
+                format!("{p}-vmap"),
+                Some((ChainType::Filter, Hook::Prerouting)),
+                vec![rule],
+            ),
+        ],
+    )
+}
+
+fn build_mark(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    let rule = guarded(
+        family,
+        vec![Stmt::MarkTest { mask: 0x4000 }, Stmt::MarkOr(0x4000)],
+    );
+    table(
+        family,
+        vec![],
+        vec![chain(
+            format!("{p}-mark"),
+            Some((ChainType::Filter, Hook::Prerouting)),
+            vec![rule],
+        )],
+    )
+}
+
+fn be32(v: u32) -> Vec<u8> {
+    v.to_be_bytes().to_vec()
+}
+
+/// A guarded filter/prerouting chain whose single rule ends with `exprs` (encodings the IR does
+/// not have).
+fn raw_rule_chain(
+    family: IpFamily,
+    name: String,
+    exprs: Vec<WireExpr>,
+) -> Result<WireTable, NftError> {
+    let mut w = table(
+        family,
+        vec![],
+        vec![chain(
+            name.clone(),
+            Some((ChainType::Filter, Hook::Prerouting)),
+            vec![guarded(family, vec![])],
+        )],
+    )?;
+    if let Some(rule) = w.chains.get_mut(&name).and_then(|c| c.rules.first_mut()) {
+        rule.exprs.extend(exprs);
+    }
+    Ok(w)
+}
+
+/// `fib daddr type local`, as nft 1.0.6 encodes it (`nft --debug=netlink`):
+/// `[ fib daddr type => reg 1 ] [ cmp eq reg 1 0x00000002 ]`.
+fn fib_local() -> Vec<WireExpr> {
+    const FIB_DREG: u16 = 1;
+    const FIB_RESULT: u16 = 2;
+    const FIB_FLAGS: u16 = 3;
+    const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
+    const NFTA_FIB_F_DADDR: u32 = 1 << 1;
+    const RTN_LOCAL: u32 = 2;
+    let mut data = Vec::new();
+    // Register contents are host-endian for a u32 result.
+    put_attr(&mut data, 1, &RTN_LOCAL.to_ne_bytes());
+    vec![
+        WireExpr::new(
+            "fib",
+            vec![
+                (FIB_DREG, be32(1)),
+                (FIB_RESULT, be32(NFT_FIB_RESULT_ADDRTYPE)),
+                (FIB_FLAGS, be32(NFTA_FIB_F_DADDR)),
+            ],
+        ),
+        WireExpr::new("cmp", vec![(1, be32(1)), (2, be32(0)), (3, data)]),
+    ]
+}
+
+fn build_fib(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    raw_rule_chain(family, format!("{p}-fib"), fib_local())
+}
+
+/// `set S { type ipv4_addr; flags dynamic,timeout; }` and
+/// `update @S { ip saddr timeout 3h }`, encoded as nft 1.0.6 does:
+/// `[ payload load 4b @ network header + 12 => reg 1 ]`
+/// `[ dynset update reg_key 1 set S timeout 10800000ms ]`.
+fn build_dynset(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    const NFT_SET_TIMEOUT: u32 = 0x10;
+    const NFT_SET_EVAL: u32 = 0x20;
+    const DYNSET_SET_NAME: u16 = 1;
+    const DYNSET_OP: u16 = 3;
+    const DYNSET_SREG_KEY: u16 = 4;
+    const DYNSET_TIMEOUT: u16 = 6;
+    const NFT_DYNSET_OP_UPDATE: u32 = 1;
+    let set_name = format!("{p}-seen");
+    // ipv4_addr (7) / ipv6_addr (8) and where the source address sits in the header.
+    let (key_type, key_len, saddr_offset) = match family {
+        IpFamily::V4 => (7, 4, 12),
+        IpFamily::V6 => (8, 16, 8),
+    };
+    let mut name = set_name.as_bytes().to_vec();
+    name.push(0);
+    let three_hours_ms: u64 = 3 * 3600 * 1000;
+    let exprs = vec![
+        WireExpr::new(
+            "payload",
+            vec![
+                (1, be32(1)),
+                (2, be32(1)), // network header
+                (3, be32(saddr_offset)),
+                (4, be32(key_len)),
+            ],
+        ),
+        WireExpr::new(
+            "dynset",
+            vec![
+                (DYNSET_SET_NAME, name),
+                (DYNSET_OP, be32(NFT_DYNSET_OP_UPDATE)),
+                (DYNSET_SREG_KEY, be32(1)),
+                (DYNSET_TIMEOUT, three_hours_ms.to_be_bytes().to_vec()),
+            ],
+        ),
+    ];
+    let mut w = raw_rule_chain(family, format!("{p}-dynset"), exprs)?;
+    w.add_set(
+        &set_name,
+        WireSet {
+            flags: NFT_SET_TIMEOUT | NFT_SET_EVAL,
+            key_type,
+            key_len,
+            data_type: None,
+            data_len: None,
+            userdata: Vec::new(),
+            elements: Default::default(),
+        },
+    );
+    Ok(w)
+}
+
+#[cfg(test)]
+mod tests;

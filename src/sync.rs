@@ -1,0 +1,264 @@
+//! The single writer: turns a cluster state into kernel transactions, remembering what it
+//! applied, and quarantines Services whose objects the kernel rejects so that one bad Service
+//! never blocks the others (upstream fails the whole sync, kubernetes#122611).
+//!
+//! Steady state diffs the desired tables against what was last applied, in memory: reading a
+//! 10k-service table back costs far more than the change itself (the kernel's set dump restarts
+//! its hash walk for every netlink message). The kernel is read back on the first sync, after any
+//! failure, and on periodic verification, which is how drift (someone flushing or editing our
+//! table) is found and repaired.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::model::{ClusterState, EndpointSlice, IpFamily, Service, ServiceName};
+use crate::nft::{self, Kernel, NftError, WireTable};
+use crate::ruleset::{self, Settings};
+
+/// How many times one sync rebuilds after quarantining: each round must quarantine at least one
+/// more Service, so this bounds the work when many Services fail at once.
+const MAX_QUARANTINE_ROUNDS: usize = 8;
+
+/// A Service excluded from the ruleset because the kernel rejected an object built for it, with
+/// what it looked like then: it is retried as soon as it (or its endpoints) change.
+#[derive(Debug, Clone)]
+struct Quarantined {
+    service: Option<Service>,
+    slices: Vec<EndpointSlice>,
+    reason: String,
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Default)]
+pub struct SyncOutcome {
+    pub report: nft::SyncReport,
+    /// Whether the kernel was read back (first sync, after a failure, or verification).
+    pub full: bool,
+    /// Objects found in the kernel that differed from what was last applied (only known on a
+    /// verification pass): someone else changed our table.
+    pub drift_repaired: bool,
+    /// Services excluded from the ruleset, with the kernel's reason.
+    pub quarantined: Vec<(ServiceName, String)>,
+    pub duration: Duration,
+}
+
+impl fmt::Display for SyncOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} sync in {:.1} ms: {}",
+            if self.full { "full" } else { "partial" },
+            self.duration.as_secs_f64() * 1e3,
+            self.report
+        )?;
+        if self.drift_repaired {
+            write!(f, "; repaired changes made to our table by someone else")?;
+        }
+        if !self.quarantined.is_empty() {
+            write!(f, "; {} Service(s) quarantined", self.quarantined.len())?;
+        }
+        Ok(())
+    }
+}
+
+/// Owns the kernel handle; only this type writes to the kernel.
+pub struct Syncer<K: Kernel> {
+    kernel: K,
+    /// What the kernel holds, as far as we know, per family. Empty = unknown: read it back.
+    applied: BTreeMap<IpFamily, Option<WireTable>>,
+    quarantine: BTreeMap<ServiceName, Quarantined>,
+}
+
+impl<K: Kernel> Syncer<K> {
+    pub fn new(kernel: K) -> Syncer<K> {
+        Syncer {
+            kernel,
+            applied: BTreeMap::new(),
+            quarantine: BTreeMap::new(),
+        }
+    }
+
+    pub fn kernel(&mut self) -> &mut K {
+        &mut self.kernel
+    }
+
+    /// Services currently excluded, with the reason.
+    pub fn quarantined(&self) -> Vec<(ServiceName, String)> {
+        self.quarantine
+            .iter()
+            .map(|(name, q)| (name.clone(), q.reason.clone()))
+            .collect()
+    }
+
+    /// Brings the kernel to the ruleset of `state`. With `verify`, reads our tables back first
+    /// (and repairs whatever differs) instead of trusting the last applied state.
+    pub fn sync(
+        &mut self,
+        state: &ClusterState,
+        settings: &Settings,
+        verify: bool,
+    ) -> Result<SyncOutcome, NftError> {
+        let started = Instant::now();
+        self.release_changed(state);
+        let mut outcome = SyncOutcome::default();
+        let mut rounds = 0;
+        loop {
+            let filtered;
+            let effective = if self.quarantine.is_empty() {
+                state
+            } else {
+                filtered = without(state, &self.quarantine);
+                &filtered
+            };
+            let desired = ruleset::build(effective, settings);
+            match self.apply(desired, verify, &mut outcome) {
+                Ok(()) => break,
+                Err(NftError::Rejected { errors }) => {
+                    // The transaction was rolled back, so what the kernel holds is the last
+                    // applied state, but that state may itself be unknown now: read it again.
+                    self.applied.clear();
+                    let mut added = false;
+                    for e in &errors {
+                        let Some(origin) = &e.origin else { continue };
+                        let name = origin.service.clone();
+                        if self.quarantine.contains_key(&name) {
+                            continue;
+                        }
+                        tracing::warn!(
+                            "quarantining Service {name}: the kernel rejected {} {}: {}; it \
+                             is left out of the ruleset until it changes",
+                            e.op,
+                            e.object,
+                            e.errno
+                        );
+                        let slices = state
+                            .slices
+                            .values()
+                            .filter(|s| s.service == name)
+                            .cloned()
+                            .collect();
+                        self.quarantine.insert(
+                            name.clone(),
+                            Quarantined {
+                                service: state.services.get(&name).cloned(),
+                                slices,
+                                reason: e.to_string(),
+                            },
+                        );
+                        added = true;
+                    }
+                    rounds += 1;
+                    if !added || rounds >= MAX_QUARANTINE_ROUNDS {
+                        // Nothing attributable to a Service (a base object failed): there is
+                        // no one to quarantine, so the whole sync fails and is retried.
+                        return Err(NftError::Rejected { errors });
+                    }
+                }
+                Err(other) => {
+                    self.applied.clear();
+                    return Err(other);
+                }
+            }
+        }
+        outcome.quarantined = self.quarantined();
+        outcome.duration = started.elapsed();
+        Ok(outcome)
+    }
+
+    fn apply(
+        &mut self,
+        desired: ruleset::Ruleset,
+        verify: bool,
+        outcome: &mut SyncOutcome,
+    ) -> Result<(), NftError> {
+        let rep = &mut outcome.report;
+        for table in desired.tables {
+            let family = table.family;
+            let name = table.name.clone();
+            let t = Instant::now();
+            let want = nft::lower_owned(table)?;
+            rep.lower += t.elapsed();
+            let known = if verify {
+                None
+            } else {
+                self.applied.remove(&family)
+            };
+            let have = match known {
+                Some(have) => have,
+                None => {
+                    outcome.full = true;
+                    let t = Instant::now();
+                    let have = self.kernel.read_table(family, &name)?;
+                    rep.read += t.elapsed();
+                    have
+                }
+            };
+            let t = Instant::now();
+            let plan = nft::diff(have.as_ref(), &want);
+            rep.diff += t.elapsed();
+            rep.tables += 1;
+            if plan.is_empty() {
+                rep.empty_plans += 1;
+            } else {
+                if verify && have.is_some() {
+                    outcome.drift_repaired = true;
+                }
+                rep.elements_added += plan.elements_added();
+                rep.elements_removed += plan.elements_removed();
+                rep.chains_rewritten += plan.chains_rewritten();
+                let st = self.kernel.apply(&plan)?;
+                rep.messages += st.messages;
+                rep.bytes += st.bytes;
+                rep.encode += st.encode;
+                rep.kernel += st.kernel;
+            }
+            drop(plan);
+            self.applied.insert(family, Some(want));
+        }
+        Ok(())
+    }
+
+    /// Releases quarantined Services that changed since: they get another chance.
+    fn release_changed(&mut self, state: &ClusterState) {
+        self.quarantine.retain(|name, q| {
+            let service = state.services.get(name);
+            let slices: Vec<&EndpointSlice> = state
+                .slices
+                .values()
+                .filter(|s| &s.service == name)
+                .collect();
+            let unchanged = service == q.service.as_ref()
+                && slices.len() == q.slices.len()
+                && slices.iter().zip(&q.slices).all(|(a, b)| *a == b);
+            if !unchanged {
+                tracing::info!("Service {name} changed: retrying it after quarantine");
+            }
+            unchanged
+        });
+    }
+}
+
+/// The state without the quarantined Services (and their slices). Only built while some Service
+/// is quarantined, which is rare.
+fn without(state: &ClusterState, excluded: &BTreeMap<ServiceName, Quarantined>) -> ClusterState {
+    let names: BTreeSet<&ServiceName> = excluded.keys().collect();
+    ClusterState {
+        services: state
+            .services
+            .iter()
+            .filter(|(name, _)| !names.contains(name))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        slices: state
+            .slices
+            .iter()
+            .filter(|(_, s)| !names.contains(&s.service))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        nodes: state.nodes.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
