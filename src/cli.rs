@@ -9,9 +9,11 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use clap::{ArgAction, ArgGroup, Parser};
+use clap::{ArgAction, ArgGroup, Args, Parser, Subcommand};
 
-/// What the process should do, chosen by at most one mode flag.
+use crate::explain::Query;
+
+/// What the process should do, chosen by at most one mode flag or the `explain` subcommand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// No mode flag: watch the cluster and keep the kernel in sync.
@@ -24,6 +26,9 @@ pub enum Mode {
     Cleanup,
     /// `--print-config`: print the effective configuration with the source of each value.
     PrintConfig,
+    /// `explain SRC DST:PORT/PROTO`: print the path of one packet through the `--dry-run`
+    /// ruleset.
+    Explain(Query),
 }
 
 const AFTER_HELP: &str = "\
@@ -73,33 +78,33 @@ pub struct Cli {
 
     /// Read settings from this TOML file; flags and NODEPROXY_* variables override it.
     /// [env: NODEPROXY_CONFIG]
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     pub config: Option<PathBuf>,
 
     /// Use this name instead of the host name as the node's name (trimmed, lowercased; empty
     /// means unset). [env: NODEPROXY_HOSTNAME_OVERRIDE]
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", global = true)]
     pub hostname_override: Option<String>,
 
     /// The kubeconfig file used to reach the API server. [env: NODEPROXY_KUBECONFIG]
     // An `OsString`, not a `PathBuf`: clap rejects an empty `PathBuf`, and empty means unset.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     pub kubeconfig: Option<OsString>,
 
     /// The API server's URL (http:// or https://); overrides the kubeconfig's.
     /// [env: NODEPROXY_MASTER]
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", global = true)]
     pub master: Option<String>,
 
     /// Pod network CIDRs, comma-separated, at most one per family (an IPv4,IPv6 pair for
     /// dual-stack). Traffic to ClusterIPs from outside them is masqueraded.
     /// [env: NODEPROXY_CLUSTER_CIDR]
-    #[arg(long, value_name = "CIDR[,CIDR]")]
+    #[arg(long, value_name = "CIDR[,CIDR]", global = true)]
     pub cluster_cidr: Option<String>,
 
     /// Service IP ranges, comma-separated, at most one per family. Traffic to unallocated IPs
     /// inside them is dropped. [env: NODEPROXY_SERVICE_CIDR]
-    #[arg(long, value_name = "CIDR[,CIDR]")]
+    #[arg(long, value_name = "CIDR[,CIDR]", global = true)]
     pub service_cidr: Option<String>,
 
     /// How traffic from local pods is recognised: ClusterCIDR (source in --cluster-cidr),
@@ -107,17 +112,17 @@ pub struct Cli {
     /// --pod-bridge-interface) or InterfaceNamePrefix (arrives on an interface named with
     /// --pod-interface-name-prefix); case-insensitive. [env: NODEPROXY_DETECT_LOCAL_MODE]
     /// [default: ClusterCIDR if --cluster-cidr is set, else NodeCIDR]
-    #[arg(long, value_name = "MODE")]
+    #[arg(long, value_name = "MODE", global = true)]
     pub detect_local_mode: Option<String>,
 
     /// The bridge local pods are attached to (for --detect-local-mode=BridgeInterface).
     /// [env: NODEPROXY_POD_BRIDGE_INTERFACE]
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", global = true)]
     pub pod_bridge_interface: Option<String>,
 
     /// The name prefix of local pod interfaces (for
     /// --detect-local-mode=InterfaceNamePrefix). [env: NODEPROXY_POD_INTERFACE_NAME_PREFIX]
-    #[arg(long, value_name = "PREFIX")]
+    #[arg(long, value_name = "PREFIX", global = true)]
     pub pod_interface_name_prefix: Option<String>,
 
     /// Masquerade all traffic to ClusterIPs. Also accepts --masquerade-all=true|false.
@@ -129,46 +134,57 @@ pub struct Cli {
         value_name = "BOOL",
         num_args = 0..=1,
         require_equals = true,
-        default_missing_value = "true"
+        default_missing_value = "true",
+        global = true
     )]
     pub masquerade_all: Option<String>,
 
     /// The packet mark bit (0..=31) used to flag packets for masquerade.
     /// [env: NODEPROXY_MASQUERADE_BIT] [default: 14]
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", global = true)]
     pub masquerade_bit: Option<String>,
 
     /// Which local addresses answer NodePorts, comma-separated: `primary` (the Node's primary
     /// InternalIP of each family), `all`, and CIDRs (0.0.0.0/0 or ::/0: all of that family).
     /// Empty means `primary`; `localhost` is not supported.
     /// [env: NODEPROXY_NODEPORT_ADDRESSES] [default: primary]
-    #[arg(long, value_name = "VALUE[,VALUE]")]
+    #[arg(long, value_name = "VALUE[,VALUE]", global = true)]
     pub nodeport_addresses: Option<String>,
 
     /// Where the health check server listens; empty disables it.
     /// [env: NODEPROXY_HEALTHZ_BIND_ADDRESS] [default: 0.0.0.0:10256]
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", global = true)]
     pub healthz_bind_address: Option<String>,
 
     /// Where the metrics server listens; empty disables it.
     /// [env: NODEPROXY_METRICS_BIND_ADDRESS] [default: 127.0.0.1:10249]
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", global = true)]
     pub metrics_bind_address: Option<String>,
 
     /// The shortest time between two syncs of the ruleset (at most --sync-period).
     /// [env: NODEPROXY_MIN_SYNC_PERIOD] [default: 1s]
     // Hyphen values reach `config`, whose error for `-1s` says durations cannot be negative.
-    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        allow_hyphen_values = true,
+        global = true
+    )]
     pub min_sync_period: Option<String>,
 
     /// The longest time between two syncs of the ruleset (> 0); the health check fails after
     /// twice this without a successful sync. [env: NODEPROXY_SYNC_PERIOD] [default: 30s]
-    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        allow_hyphen_values = true,
+        global = true
+    )]
     pub sync_period: Option<String>,
 
     /// The file locked so that only one nodeproxy runs on the node.
     /// [env: NODEPROXY_LOCK_FILE] [default: /run/nodeproxy.lock]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     pub lock_file: Option<OsString>,
 
     /// Remove what kube-proxy programmed. Also accepts --cleanup-kube-proxy=true|false.
@@ -178,30 +194,62 @@ pub struct Cli {
         value_name = "BOOL",
         num_args = 0..=1,
         require_equals = true,
-        default_missing_value = "true"
+        default_missing_value = "true",
+        global = true
     )]
     pub cleanup_kube_proxy: Option<String>,
 
     /// Read Services/EndpointSlices/Nodes from this YAML/JSON file instead of the API server
     /// (repeatable). [env: NODEPROXY_FROM_FILE, comma-separated]
-    #[arg(long, value_name = "PATH", action = ArgAction::Append)]
+    #[arg(long, value_name = "PATH", action = ArgAction::Append, global = true)]
     pub from_file: Vec<PathBuf>,
 
     /// Log format: `text` or `json`. [env: NODEPROXY_LOG_FORMAT] [default: text]
-    #[arg(long, value_name = "FORMAT")]
+    #[arg(long, value_name = "FORMAT", global = true)]
     pub log_format: Option<String>,
 
     /// More verbose logging; repeat for more (-vv).
-    #[arg(short = 'v', action = ArgAction::Count)]
+    #[arg(short = 'v', action = ArgAction::Count, global = true)]
     pub verbose: u8,
 
     /// Log verbosity level, as kube-proxy's --v=N. The higher of -v count and --v wins.
-    #[arg(long = "v", value_name = "N")]
+    #[arg(long = "v", value_name = "N", global = true)]
     pub v: Option<u8>,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands. The configuration flags are global so they may follow the subcommand, as in
+/// `nodeproxy explain --from-file F --cluster-cidr C SRC DST`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Show the path of one new connection through the ruleset `--dry-run` prints: hooks and
+    /// chains, matching rules, DNAT candidates, masquerade and verdict. Kernel untouched.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// Source address of the packet.
+    #[arg(value_name = "SRC")]
+    pub src: String,
+
+    /// Destination: ADDRESS:PORT/PROTO, `[IPv6]:PORT/PROTO` for IPv6; PROTO is tcp, udp or
+    /// sctp (default tcp).
+    #[arg(value_name = "DST:PORT/PROTO")]
+    pub dst: String,
+
+    /// Where the packet comes from: `pod` (a pod on this node), `host` (this node's
+    /// processes) or `external`. Default: host if SRC is a node address, pod if it is inside
+    /// --cluster-cidr, else external.
+    #[arg(long, value_name = "pod|host|external")]
+    pub from: Option<String>,
 }
 
 impl Cli {
-    /// The mode chosen by the (mutually exclusive, enforced by clap) mode flags.
+    /// The mode chosen by the (mutually exclusive, enforced by clap) mode flags. `explain` is
+    /// resolved by `config::load`, which validates its arguments.
     pub fn mode(&self) -> Mode {
         if self.dry_run {
             Mode::DryRun

@@ -18,8 +18,9 @@ use std::time::Duration;
 use clap::Parser as _;
 use ipnet::IpNet;
 
-use crate::cli::Cli;
 pub use crate::cli::Mode;
+use crate::cli::{Cli, Command};
+use crate::explain;
 use crate::model::IpFamily;
 
 /// The effective configuration after merging all sources.
@@ -732,11 +733,61 @@ fn load_with(
     validate_combination(&config, &provenance)?;
 
     Ok(Loaded {
-        mode: cli.mode(),
+        mode: resolve_mode(&cli)?,
         config,
         provenance,
         verbosity: cli.verbosity(),
     })
+}
+
+/// The mode flag's mode, or `explain` with its arguments validated. `explain` is a
+/// subcommand, which clap cannot put in the mode flags' group, so the exclusion is checked here.
+fn resolve_mode(cli: &Cli) -> Result<Mode, ConfigError> {
+    let Some(Command::Explain(args)) = &cli.command else {
+        return Ok(cli.mode());
+    };
+    if cli.mode() != Mode::Run {
+        return Err(ConfigError::Usage(
+            "error: `explain` cannot be combined with --dry-run, --once, --cleanup or \
+             --print-config\n"
+                .to_string(),
+        ));
+    }
+    let invalid = |key: &'static str, value: &str, expected: String| ConfigError::Invalid {
+        key,
+        value: single_line(value),
+        origin: "the explain command line".to_string(),
+        expected,
+    };
+    let src: IpAddr = args.src.parse().map_err(|_| {
+        invalid(
+            "SRC",
+            &args.src,
+            "must be an IP address, e.g. 10.244.1.5 or fd00:10:244::5".to_string(),
+        )
+    })?;
+    let (dst, dport, proto) = explain::parse_destination(&args.dst)
+        .map_err(|expected| invalid("DST:PORT/PROTO", &args.dst, expected))?;
+    if IpFamily::of(&src) != IpFamily::of(&dst) {
+        return Err(invalid(
+            "DST:PORT/PROTO",
+            &args.dst,
+            format!("must be of the same address family as SRC {src}"),
+        ));
+    }
+    let from = args
+        .from
+        .as_deref()
+        .map(explain::parse_origin)
+        .transpose()
+        .map_err(|expected| invalid("--from", args.from.as_deref().unwrap_or(""), expected))?;
+    Ok(Mode::Explain(explain::Query {
+        src,
+        dst,
+        dport,
+        proto,
+        from,
+    }))
 }
 
 fn clap_error(error: clap::Error) -> ConfigError {

@@ -7,8 +7,12 @@
 pub mod cli;
 pub mod config;
 pub mod conntrack;
+pub mod explain;
+pub mod health;
+pub mod http;
 pub mod leftovers;
 pub mod lock;
+pub mod metrics;
 pub mod model;
 pub mod nft;
 pub mod ruleset;

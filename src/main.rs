@@ -84,6 +84,28 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             tracing::info!("removed {removed} nodeproxy table(s); nothing else was touched");
             Ok(())
         }
+        Mode::Explain(query) => {
+            // Exactly the ruleset `--dry-run` prints, so the explanation is of what would be
+            // programmed.
+            let (state, settings) = desired_inputs(config)?;
+            let desired = ruleset::build(&state, &settings);
+            let node_addrs = nodeproxy::explain::node_addresses(&state, &settings.node_name);
+            if node_addrs.is_empty() {
+                tracing::warn!(
+                    "node {:?} has no addresses in the input: no destination counts as local",
+                    settings.node_name
+                );
+            }
+            let text = nodeproxy::explain::report(
+                &desired,
+                &query,
+                &settings.node_name,
+                &node_addrs,
+                &settings.cluster_cidrs,
+            )?;
+            std::io::stdout().lock().write_all(text.as_bytes())?;
+            Ok(())
+        }
         Mode::DryRun | Mode::Once => {
             let (state, settings) = desired_inputs(config)?;
             let started = std::time::Instant::now();

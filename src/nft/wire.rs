@@ -647,6 +647,7 @@ fn verdict_code(v: &Verdict) -> (i32, Option<&str>) {
         Verdict::Drop => (NF_DROP, None),
         Verdict::Jump(c) => (NFT_JUMP, Some(c)),
         Verdict::Goto(c) => (NFT_GOTO, Some(c)),
+        Verdict::Return => (NFT_RETURN, None),
     }
 }
 

@@ -5,6 +5,7 @@
 //! lowers it to kernel objects.
 
 pub mod build;
+pub mod eval;
 pub mod names;
 pub mod render;
 
@@ -183,6 +184,8 @@ pub enum Verdict {
     Drop,
     Jump(String),
     Goto(String),
+    /// Back to the rule after the last `jump` (the base chain's policy when there is none).
+    Return,
 }
 
 /// A named set, or a map when `data` is set.

@@ -2,8 +2,13 @@
 //! output of `--dry-run` can be loaded with `nft -f` and compared with what the kernel holds.
 
 use super::{
+<<<<<<< HEAD
     AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Ruleset, Set,
     SetData, SetKind, Stmt, Table, Verdict,
+=======
+    AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Ruleset,
+    Set, SetData, Stmt, Table, Verdict,
+>>>>>>> main
 };
 use crate::model::IpFamily;
 use std::fmt::Write as _;
@@ -181,7 +186,8 @@ fn atom(a: &Atom) -> String {
     }
 }
 
-fn atoms(values: &[Atom]) -> String {
+/// A key or data concatenation as nft prints it (`10.96.0.10 . udp . 53`).
+pub fn atoms(values: &[Atom]) -> String {
     values.iter().map(atom).collect::<Vec<_>>().join(" . ")
 }
 
@@ -202,12 +208,14 @@ fn render_element(elem: &Element) -> String {
     out
 }
 
-fn verdict(v: &Verdict) -> String {
+/// A verdict as nft prints it (`goto pick-2`).
+pub fn verdict(v: &Verdict) -> String {
     match v {
         Verdict::Accept => "accept".to_string(),
         Verdict::Drop => "drop".to_string(),
         Verdict::Jump(chain) => format!("jump {chain}"),
         Verdict::Goto(chain) => format!("goto {chain}"),
+        Verdict::Return => "return".to_string(),
     }
 }
 
@@ -220,9 +228,8 @@ fn render_chain(family: IpFamily, chain: &Chain) -> String {
     if let Some(base) = &chain.base {
         let _ = writeln!(out, "\t\t{}", base_chain(base));
     }
-    for rule in &chain.rules {
-        let stmts: Vec<String> = rule.stmts.iter().map(|s| stmt(family, s)).collect();
-        let _ = writeln!(out, "\t\t{}", stmts.join(" "));
+    for r in &chain.rules {
+        let _ = writeln!(out, "\t\t{}", rule(family, r));
     }
     out.push_str("\t}\n");
     out
@@ -281,7 +288,17 @@ fn addr_match(family: IpFamily, field: AddrField, negate: bool, net: &ipnet::IpN
     format!("{fam} {field} {op}{value}")
 }
 
-fn stmt(family: IpFamily, s: &Stmt) -> String {
+/// One rule as `nft list` prints it: its statements separated by spaces.
+pub fn rule(family: IpFamily, rule: &Rule) -> String {
+    rule.stmts
+        .iter()
+        .map(|s| stmt(family, s))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One statement as `nft list` prints it (the evaluator's trace uses the same text).
+pub fn stmt(family: IpFamily, s: &Stmt) -> String {
     match s {
         Stmt::CtStateNew => "ct state new".to_string(),
         Stmt::CtStatusDnat => "ct status dnat".to_string(),

@@ -2,10 +2,17 @@
 //! `kubectl get services,endpointslices,nodes -A -o yaml` (or `-o json`) prints them.
 //!
 //! A file is a `List` with `items`, several YAML documents (each of which may be a `List`), a
-//! stream of JSON values, or a single object. Reading happens in two steps so that one bad object
-//! never hides the others: first every file is parsed into generic values (a syntax error is
-//! fatal, since nothing after it can be trusted), then each object is checked on its own and
-//! either used, ignored with a reason, or rejected with the field that is wrong.
+//! stream of JSON values, or a single object. A syntax error is fatal, since nothing after it
+//! can be trusted; otherwise each object is checked on its own and either used, ignored with a
+//! reason, or rejected with the field that is wrong, so that one bad object never hides the
+//! others.
+//!
+//! Reading streams: the `items` of a list are parsed one at a time into a generic value, which
+//! is checked, converted to the model and dropped before the next item is parsed, so memory
+//! holds the file's text, one item's value and the converted objects, never the whole tree.
+//! kubectl prints `items` before `kind`, so every document whose `items` is an array is read as
+//! a list; if its `kind` turns out not to name a list, what its items gave is taken back and
+//! the document is parsed again as one object.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -15,31 +22,34 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{
+    self, DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 use serde_json::{Map, Value};
 
 use super::{Loaded, SourceError};
-use crate::model::{Rejected, convert};
+use crate::model::{self, Rejected, convert};
 
 /// Reads every file in order and merges what they hold. When the same object (kind, namespace
 /// and name) appears more than once, the last definition wins and the earlier ones are noted in
 /// `ignored`.
 pub fn load_files(paths: &[PathBuf]) -> Result<Loaded, SourceError> {
-    let mut items = Vec::new();
+    let mut reader = Reader {
+        path: Path::new(""),
+        ordinal: 0,
+        entries: Vec::new(),
+    };
     for path in paths {
         let text = std::fs::read_to_string(path).map_err(|source| SourceError::Read {
             path: path.clone(),
             source,
         })?;
-        let mut ordinal = 0;
-        for doc in parse(path, &text)? {
-            flatten(doc, &mut |value| {
-                ordinal += 1;
-                items.push((Origin { path, ordinal }, value));
-            });
-        }
+        reader.path = path;
+        reader.ordinal = 0;
+        reader.read(&text)?;
     }
-    Ok(assemble(items))
+    Ok(assemble(reader.entries))
 }
 
 /// Where an object was read: its file and its 1-based position among the file's objects.
@@ -55,40 +65,102 @@ impl fmt::Display for Origin<'_> {
     }
 }
 
-/// Parses a whole file into its top-level documents. `.json` files go through serde_json, whose
-/// positions are exact for JSON; everything else is YAML (of which JSON is a subset).
-fn parse(path: &Path, text: &str) -> Result<Vec<Value>, SourceError> {
-    // Editors on Windows like to start files with a byte-order mark; neither parser wants it.
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let is_json = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    let mut docs = Vec::new();
-    if is_json {
-        for doc in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
-            docs.push(doc.map_err(|e| SourceError::Parse {
-                path: path.to_owned(),
-                format: "JSON",
-                line: e.line(),
-                column: e.column(),
-                message: strip_position(&e.to_string(), e.line(), e.column()),
-            })?);
-        }
-    } else {
-        for doc in serde_yaml_ng::Deserializer::from_str(text) {
-            docs.push(Value::deserialize(doc).map_err(|e| {
-                let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-                SourceError::Parse {
-                    path: path.to_owned(),
-                    format: "YAML",
-                    line,
-                    column,
-                    message: strip_position(&e.to_string(), line, column),
+/// Reads files one after the other, keeping what each object gave in file order.
+struct Reader<'p> {
+    path: &'p Path,
+    /// How many objects of the current file have been read.
+    ordinal: usize,
+    entries: Vec<Option<Entry<'p>>>,
+}
+
+impl<'p> Reader<'p> {
+    /// Reads the top-level documents of one file. `.json` files go through serde_json, whose
+    /// positions are exact for JSON; everything else is YAML (of which JSON is a subset).
+    fn read(&mut self, text: &str) -> Result<(), SourceError> {
+        // Editors on Windows like to start files with a byte-order mark; neither parser wants it.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let is_json = self
+            .path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+        let mut again = Reparser::new(text, is_json);
+        if is_json {
+            let mut de = serde_json::Deserializer::from_str(text);
+            let mut index = 0;
+            // `end` fails as long as anything but whitespace is left: the next value.
+            while de.end().is_err() {
+                let doc = Shape::Document(self)
+                    .deserialize(&mut de)
+                    .map_err(|e| json_error(self.path, &e))?;
+                let bare = matches!(
+                    doc,
+                    Parsed::Value(Value::Null | Value::Bool(_) | Value::Number(_))
+                );
+                if bare && de.end().is_err() {
+                    again.check_bare(self.path, index)?;
                 }
-            })?);
+                self.finish(doc, index, &mut again)?;
+                index += 1;
+            }
+        } else {
+            for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+                let doc = Shape::Document(self)
+                    .deserialize(doc)
+                    .map_err(|e| yaml_error(self.path, &e))?;
+                self.finish(doc, index, &mut again)?;
+            }
         }
+        Ok(())
     }
-    Ok(docs)
+
+    /// Takes in a top-level document once it has been read.
+    fn finish(
+        &mut self,
+        doc: Parsed,
+        index: usize,
+        again: &mut Reparser<'_>,
+    ) -> Result<(), SourceError> {
+        match doc {
+            Parsed::Value(value) => flatten(value, &mut |v| self.item(v)),
+            Parsed::List => {}
+            Parsed::NotAList => {
+                let value = again.document(self.path, index)?;
+                flatten(value, &mut |v| self.item(v));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks and converts one object, keeping only the result.
+    fn item(&mut self, value: Value) {
+        self.ordinal += 1;
+        let origin = Origin {
+            path: self.path,
+            ordinal: self.ordinal,
+        };
+        self.entries.push(Some(read_item(origin, value)));
+    }
+}
+
+fn json_error(path: &Path, e: &serde_json::Error) -> SourceError {
+    SourceError::Parse {
+        path: path.to_owned(),
+        format: "JSON",
+        line: e.line(),
+        column: e.column(),
+        message: strip_position(&e.to_string(), e.line(), e.column()),
+    }
+}
+
+fn yaml_error(path: &Path, e: &serde_yaml_ng::Error) -> SourceError {
+    let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+    SourceError::Parse {
+        path: path.to_owned(),
+        format: "YAML",
+        line,
+        column,
+        message: strip_position(&e.to_string(), line, column),
+    }
 }
 
 /// Both parsers put " at line L column C" into their messages; [`SourceError`] shows the
@@ -96,6 +168,271 @@ fn parse(path: &Path, text: &str) -> Result<Vec<Value>, SourceError> {
 /// construct started) stay.
 fn strip_position(message: &str, line: usize, column: usize) -> String {
     message.replacen(&format!(" at line {line} column {column}"), "", 1)
+}
+
+/// What reading a top-level document, or the `items` of one, gave.
+enum Parsed {
+    /// The value, as a whole.
+    Value(Value),
+    /// The items of a list, already taken in one by one.
+    List,
+    /// A document with an `items` array whose `kind` turned out not to name a list: it is one
+    /// object after all, and must be parsed again as a whole.
+    NotAList,
+}
+
+/// A seed for a value that may be read item by item: a top-level document (which may be a
+/// list) or the value of a document's `items`. Anything else about it is read as a generic
+/// [`Value`], exactly as `Value::deserialize` would read it.
+enum Shape<'r, 'p> {
+    Document(&'r mut Reader<'p>),
+    Items(&'r mut Reader<'p>),
+}
+
+impl<'de> DeserializeSeed<'de> for Shape<'_, '_> {
+    type Value = Parsed;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Parsed, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Shape<'_, '_> {
+    type Value = Parsed;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Value's own wording, so that errors read as they would without streaming.
+        formatter.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Parsed, E> {
+        Ok(Parsed::Value(Value::Bool(v)))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Parsed, E> {
+        Ok(Parsed::Value(Value::Number(v.into())))
+    }
+
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<Parsed, E> {
+        Value::deserialize(de::value::I128Deserializer::new(v)).map(Parsed::Value)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Parsed, E> {
+        Ok(Parsed::Value(Value::Number(v.into())))
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Parsed, E> {
+        Value::deserialize(de::value::U128Deserializer::new(v)).map(Parsed::Value)
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Parsed, E> {
+        Value::deserialize(de::value::F64Deserializer::new(v)).map(Parsed::Value)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Parsed, E> {
+        Ok(Parsed::Value(Value::String(v.to_owned())))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Parsed, E> {
+        Ok(Parsed::Value(Value::String(v)))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Parsed, E> {
+        Ok(Parsed::Value(Value::Null))
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Parsed, D::Error> {
+        Value::deserialize(deserializer).map(Parsed::Value)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Parsed, E> {
+        Ok(Parsed::Value(Value::Null))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Parsed, A::Error> {
+        let Shape::Items(reader) = self else {
+            return Value::deserialize(SeqAccessDeserializer::new(seq)).map(Parsed::Value);
+        };
+        while let Some(value) = seq.next_element::<Value>()? {
+            flatten(value, &mut |v| reader.item(v));
+        }
+        Ok(Parsed::List)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parsed, A::Error> {
+        let Shape::Document(reader) = self else {
+            return Value::deserialize(MapAccessDeserializer::new(map)).map(Parsed::Value);
+        };
+        let (first_entry, first_ordinal) = (reader.entries.len(), reader.ordinal);
+        // Everything but `items`: a few small values.
+        let mut rest = Map::new();
+        // Whether `items` was an array, read into `reader.entries`.
+        let mut listed = false;
+        let mut first = true;
+        loop {
+            let key = if first {
+                first = false;
+                map.next_key_seed(FirstKey)?
+            } else {
+                map.next_key::<String>()?
+            };
+            let Some(key) = key else { break };
+            if key != "items" {
+                let value: Value = map.next_value()?;
+                rest.insert(key, value);
+                continue;
+            }
+            // A repeated key replaces the earlier value, as in a `Value`.
+            if listed {
+                reader.entries.truncate(first_entry);
+                reader.ordinal = first_ordinal;
+            }
+            match map.next_value_seed(Shape::Items(&mut *reader))? {
+                Parsed::Value(value) => {
+                    listed = false;
+                    rest.insert(key, value);
+                }
+                Parsed::List | Parsed::NotAList => {
+                    listed = true;
+                    rest.remove(&key);
+                }
+            }
+        }
+        if !listed {
+            return Ok(Parsed::Value(Value::Object(rest)));
+        }
+        let is_list = rest
+            .get("kind")
+            .and_then(Value::as_str)
+            .is_some_and(|k| k.ends_with("List"));
+        if is_list {
+            return Ok(Parsed::List);
+        }
+        reader.entries.truncate(first_entry);
+        reader.ordinal = first_ordinal;
+        Ok(Parsed::NotAList)
+    }
+}
+
+/// The first key of a mapping, read as `Value` reads it.
+struct FirstKey;
+
+impl<'de> DeserializeSeed<'de> for FirstKey {
+    type Value = String;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<String, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for FirstKey {
+    type Value = String;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a string key")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_owned())
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+        Ok(v)
+    }
+}
+
+/// Parses single top-level documents of a file again, as whole values, for the rare document
+/// that looked like a list but was not one. Documents are asked for in increasing order, so the
+/// file is gone through at most once more however many of them there are.
+enum Reparser<'t> {
+    Json {
+        text: &'t str,
+        stream: serde_json::StreamDeserializer<'t, serde_json::de::StrRead<'t>, IgnoredAny>,
+        next: usize,
+    },
+    Yaml {
+        docs: serde_yaml_ng::Deserializer<'t>,
+        next: usize,
+    },
+}
+
+impl<'t> Reparser<'t> {
+    fn new(text: &'t str, is_json: bool) -> Reparser<'t> {
+        if is_json {
+            Reparser::Json {
+                text,
+                stream: serde_json::Deserializer::from_str(text).into_iter(),
+                next: 0,
+            }
+        } else {
+            Reparser::Yaml {
+                docs: serde_yaml_ng::Deserializer::from_str(text),
+                next: 0,
+            }
+        }
+    }
+
+    /// The document at `index` (0-based), which must not be before one asked for earlier.
+    fn document(&mut self, path: &Path, index: usize) -> Result<Value, SourceError> {
+        match self {
+            Reparser::Json { text, stream, next } => {
+                skip_json(path, stream, next, index)?;
+                let rest = text
+                    .get(stream.byte_offset()..)
+                    .ok_or_else(|| lost(path, "JSON", index))?;
+                let value = Value::deserialize(&mut serde_json::Deserializer::from_str(rest))
+                    .map_err(|e| json_error(path, &e))?;
+                skip_json(path, stream, next, index + 1)?;
+                Ok(value)
+            }
+            Reparser::Yaml { docs, next } => {
+                let skip = index
+                    .checked_sub(*next)
+                    .ok_or_else(|| lost(path, "YAML", index))?;
+                let doc = docs.nth(skip).ok_or_else(|| lost(path, "YAML", index))?;
+                *next = index + 1;
+                Value::deserialize(doc).map_err(|e| yaml_error(path, &e))
+            }
+        }
+    }
+
+    /// For JSON, checks as serde_json's stream of values does that the bare value (a number,
+    /// `true`, `false` or `null`) at `index` ends with whitespace or punctuation: `truenull` is
+    /// an error, not two values.
+    fn check_bare(&mut self, path: &Path, index: usize) -> Result<(), SourceError> {
+        match self {
+            Reparser::Json { stream, next, .. } => skip_json(path, stream, next, index + 1),
+            Reparser::Yaml { .. } => Ok(()),
+        }
+    }
+}
+
+/// Moves `stream`, which is before document `*next`, to document `to`.
+fn skip_json<'t>(
+    path: &Path,
+    stream: &mut serde_json::StreamDeserializer<'t, serde_json::de::StrRead<'t>, IgnoredAny>,
+    next: &mut usize,
+    to: usize,
+) -> Result<(), SourceError> {
+    while *next < to {
+        stream
+            .next()
+            .ok_or_else(|| lost(path, "JSON", *next))?
+            .map_err(|e| json_error(path, &e))?;
+        *next += 1;
+    }
+    Ok(())
+}
+
+/// Reading a document again went wrong: cannot happen, since it was read once already.
+fn lost(path: &Path, format: &'static str, index: usize) -> SourceError {
+    SourceError::Parse {
+        path: path.to_owned(),
+        format,
+        line: 0,
+        column: 0,
+        message: format!("document {} cannot be read again", index + 1),
+    }
 }
 
 /// Unpacks `List` objects (`kind: List`, or a typed list such as `ServiceList`) into their
@@ -156,134 +493,198 @@ impl Kind {
     }
 }
 
-/// An object of a kind nodeproxy reads, waiting to be converted.
-struct Pending<'a> {
+/// What one object read from a file gave, kept until every file is read so that a later
+/// definition of the same object can replace it.
+enum Entry<'a> {
+    /// Not an object nodeproxy reads, or not a Kubernetes object at all.
+    Report(Report),
+    /// A Service, EndpointSlice or Node, converted.
+    Object(Object<'a>),
+}
+
+enum Report {
+    Rejected(Rejected),
+    Ignored(String),
+}
+
+/// An object of a kind nodeproxy reads, with the result of its conversion.
+struct Object<'a> {
     origin: Origin<'a>,
     kind: Kind,
+    /// `ns/name` (or `name`), if the metadata holds a name.
+    name: Option<String>,
+    outcome: Outcome,
+}
+
+enum Outcome {
+    Service(model::Service),
+    Slice(model::EndpointSlice),
+    Node(model::Node),
+    /// Valid but not used, for this reason.
+    Ignored(&'static str),
+    Rejected(Rejected),
+}
+
+impl Object<'_> {
     /// `Kind ns/name` (or `Kind name`), or the origin when the name is unreadable.
-    label: String,
-    /// Whether `label` holds a name; if not, it replaces the nameless object in reports.
-    named: bool,
-    value: Value,
-}
-
-impl Pending<'_> {
-    fn reject(&self, mut r: Rejected, loaded: &mut Loaded) {
-        if !self.named {
-            r.object.clone_from(&self.label);
+    fn label(&self) -> String {
+        match &self.name {
+            Some(n) => format!("{} {n}", self.kind.name()),
+            None => format!("{} ({})", self.kind.name(), self.origin),
         }
-        loaded.rejected.push(r);
-    }
-}
-
-fn assemble(items: Vec<(Origin<'_>, Value)>) -> Loaded {
-    let mut loaded = Loaded::default();
-    let mut pending: Vec<Option<Pending<'_>>> = Vec::with_capacity(items.len());
-    let mut seen: HashMap<(Kind, String), usize> = HashMap::new();
-
-    for (origin, value) in items {
-        let Some(kind) = classify(&origin, &value, &mut loaded) else {
-            continue;
-        };
-        let name = object_name(&value, kind == Kind::Node);
-        let named = name.is_some();
-        let label = match &name {
-            Some(n) => format!("{} {n}", kind.name()),
-            None => format!("{} ({origin})", kind.name()),
-        };
-        if let Some(name) = name {
-            let index = pending.len();
-            if let Some(earlier) = seen.insert((kind, name), index)
-                && let Some(slot) = pending.get_mut(earlier)
-                && let Some(old) = slot.take()
-            {
-                loaded.ignored.push(format!(
-                    "{label}: defined again in {origin}; the definition in {} is replaced",
-                    old.origin
-                ));
-            }
-        }
-        pending.push(Some(Pending {
-            origin,
-            kind,
-            label,
-            named,
-            value,
-        }));
     }
 
-    for p in pending.into_iter().flatten() {
-        match p.kind {
+    /// A rejection of this object; a nameless object is named by its origin instead.
+    fn reject(&self, mut r: Rejected) -> Outcome {
+        if self.name.is_none() {
+            r.object = self.label();
+        }
+        Outcome::Rejected(r)
+    }
+
+    /// Decodes the generic value into the k8s-openapi type and converts that into the model.
+    fn convert(&self, value: &Value) -> Outcome {
+        match self.kind {
             Kind::Service => {
-                let Some(svc) = decode::<core::Service>(&p, &mut loaded) else {
-                    continue;
+                let svc = match decode::<core::Service>(value, self.label()) {
+                    Ok(svc) => svc,
+                    Err(r) => return Outcome::Rejected(r),
                 };
                 match convert::service(&svc) {
-                    Ok(Some(s)) => {
-                        loaded.state.services.insert(s.name.clone(), s);
-                    }
-                    Ok(None) => {
-                        let why = convert::ignored_service_reason(&svc).unwrap_or("not proxied");
-                        loaded.ignored.push(format!("{}: {why}", p.label));
-                    }
-                    Err(r) => p.reject(r, &mut loaded),
+                    Ok(Some(s)) => Outcome::Service(s),
+                    Ok(None) => Outcome::Ignored(
+                        convert::ignored_service_reason(&svc).unwrap_or("not proxied"),
+                    ),
+                    Err(r) => self.reject(r),
                 }
             }
             Kind::EndpointSlice => {
-                let Some(slice) = decode::<discovery::EndpointSlice>(&p, &mut loaded) else {
-                    continue;
+                let slice = match decode::<discovery::EndpointSlice>(value, self.label()) {
+                    Ok(slice) => slice,
+                    Err(r) => return Outcome::Rejected(r),
                 };
                 match convert::endpoint_slice(&slice) {
-                    Ok(Some(s)) => {
-                        loaded.state.slices.insert(s.name.clone(), s);
-                    }
-                    Ok(None) => {
-                        let why = convert::ignored_slice_reason(&slice).unwrap_or("not used");
-                        loaded.ignored.push(format!("{}: {why}", p.label));
-                    }
-                    Err(r) => p.reject(r, &mut loaded),
+                    Ok(Some(s)) => Outcome::Slice(s),
+                    Ok(None) => Outcome::Ignored(
+                        convert::ignored_slice_reason(&slice).unwrap_or("not used"),
+                    ),
+                    Err(r) => self.reject(r),
                 }
             }
             Kind::Node => {
-                let Some(node) = decode::<core::Node>(&p, &mut loaded) else {
-                    continue;
+                let node = match decode::<core::Node>(value, self.label()) {
+                    Ok(node) => node,
+                    Err(r) => return Outcome::Rejected(r),
                 };
                 match convert::node(&node) {
-                    Ok(n) => {
-                        loaded.state.nodes.insert(n.name.clone(), n);
-                    }
-                    Err(r) => p.reject(r, &mut loaded),
+                    Ok(n) => Outcome::Node(n),
+                    Err(r) => self.reject(r),
                 }
             }
+        }
+    }
+}
+
+/// Checks one object and converts it if it is one nodeproxy reads; the value is dropped.
+fn read_item(origin: Origin<'_>, value: Value) -> Entry<'_> {
+    let kind = match classify(&origin, &value) {
+        Ok(kind) => kind,
+        Err(report) => return Entry::Report(report),
+    };
+    let mut object = Object {
+        origin,
+        kind,
+        name: object_name(&value, kind == Kind::Node),
+        outcome: Outcome::Ignored(""),
+    };
+    object.outcome = object.convert(&value);
+    Entry::Object(object)
+}
+
+/// Merges what the objects gave, in file order: the reports of objects nodeproxy does not read
+/// and the notes on replaced definitions first, then, for each object that was not replaced, its
+/// model object or its report.
+fn assemble(mut entries: Vec<Option<Entry<'_>>>) -> Loaded {
+    let mut loaded = Loaded::default();
+    let mut seen: HashMap<(Kind, String), usize> = HashMap::new();
+
+    for index in 0..entries.len() {
+        let Some(slot) = entries.get_mut(index) else {
+            continue;
+        };
+        let object = match slot.take() {
+            None => continue,
+            Some(Entry::Report(Report::Rejected(r))) => {
+                loaded.rejected.push(r);
+                continue;
+            }
+            Some(Entry::Report(Report::Ignored(i))) => {
+                loaded.ignored.push(i);
+                continue;
+            }
+            Some(Entry::Object(object)) => object,
+        };
+        if let Some(name) = &object.name
+            && let Some(earlier) = seen.insert((object.kind, name.clone()), index)
+            && let Some(Some(Entry::Object(old))) = entries.get_mut(earlier).map(Option::take)
+        {
+            loaded.ignored.push(format!(
+                "{}: defined again in {}; the definition in {} is replaced",
+                object.label(),
+                object.origin,
+                old.origin
+            ));
+        }
+        if let Some(slot) = entries.get_mut(index) {
+            *slot = Some(Entry::Object(object));
+        }
+    }
+
+    for entry in entries.into_iter().flatten() {
+        let Entry::Object(object) = entry else {
+            continue;
+        };
+        match object.outcome {
+            Outcome::Service(s) => {
+                loaded.state.services.insert(s.name.clone(), s);
+            }
+            Outcome::Slice(s) => {
+                loaded.state.slices.insert(s.name.clone(), s);
+            }
+            Outcome::Node(n) => {
+                loaded.state.nodes.insert(n.name.clone(), n);
+            }
+            Outcome::Ignored(why) => loaded.ignored.push(format!("{}: {why}", object.label())),
+            Outcome::Rejected(r) => loaded.rejected.push(r),
         }
     }
     loaded
 }
 
-/// Decides from `apiVersion` and `kind` alone whether the object is one nodeproxy reads; notes
-/// the others in `ignored` (or `rejected`, when the item is not a Kubernetes object at all).
-fn classify(origin: &Origin<'_>, value: &Value, loaded: &mut Loaded) -> Option<Kind> {
-    let reject = |field: &str, value: String, reason: &str| Rejected {
-        object: format!("object ({origin})"),
-        field: field.to_owned(),
-        value,
-        reason: reason.to_owned(),
+/// Decides from `apiVersion` and `kind` alone whether the object is one nodeproxy reads; the
+/// others are noted as ignored (or rejected, when the item is not a Kubernetes object at all).
+fn classify(origin: &Origin<'_>, value: &Value) -> Result<Kind, Report> {
+    let reject = |field: &str, value: String, reason: &str| {
+        Report::Rejected(Rejected {
+            object: format!("object ({origin})"),
+            field: field.to_owned(),
+            value,
+            reason: reason.to_owned(),
+        })
     };
     let Some(map) = value.as_object() else {
-        loaded.rejected.push(reject(
+        return Err(reject(
             "",
             abbreviate(value),
             "not a Kubernetes object; valid: a mapping with apiVersion, kind and metadata",
         ));
-        return None;
     };
     let Some(kind_name) = map.get("kind").and_then(Value::as_str) else {
-        loaded.rejected.push(reject(
+        return Err(reject(
             "kind",
             map.get("kind").map(abbreviate).unwrap_or_default(),
             "missing or not a string; valid: Service, EndpointSlice, Node (others are ignored)",
         ));
-        return None;
     };
     let api_version = map
         .get("apiVersion")
@@ -294,21 +695,18 @@ fn classify(origin: &Origin<'_>, value: &Value, loaded: &mut Loaded) -> Option<K
         None => format!("{kind_name} ({origin})"),
     };
     let Some(kind) = Kind::from_name(kind_name) else {
-        loaded
-            .ignored
-            .push(format!("{label}: kind not used by nodeproxy (in {origin})"));
-        return None;
+        return Err(Report::Ignored(format!(
+            "{label}: kind not used by nodeproxy (in {origin})"
+        )));
     };
     if api_version != kind.api_version() {
-        loaded.ignored.push(format!(
+        return Err(Report::Ignored(format!(
             "{label}: apiVersion {api_version:?} not used by nodeproxy; valid: {} (in {origin})",
             kind.api_version()
-        ));
-        return None;
+        )));
     }
-    Some(kind)
+    Ok(kind)
 }
-
 /// `namespace/name`, or just `name` for cluster-scoped objects (or when no namespace is written),
 /// if the metadata holds a name.
 fn object_name(value: &Value, cluster_scoped: bool) -> Option<String> {
@@ -336,29 +734,24 @@ fn abbreviate(value: &Value) -> String {
 }
 
 /// Deserializes the generic value into the k8s-openapi type; a mismatch with the schema is a
-/// [`Rejected`] for this object alone.
-fn decode<T: Schema>(p: &Pending<'_>, loaded: &mut Loaded) -> Option<T> {
-    match T::deserialize(&p.value) {
-        Ok(obj) => Some(obj),
-        Err(_) => {
-            let (field, value, reason) = T::locate(&p.value).unwrap_or_else(|| {
-                (
-                    String::new(),
-                    String::new(),
-                    "does not match the Kubernetes schema".to_owned(),
-                )
-            });
-            loaded.rejected.push(Rejected {
-                object: p.label.clone(),
-                field,
-                value,
-                reason,
-            });
-            None
+/// [`Rejected`] for this object alone, named `label`.
+fn decode<T: Schema>(value: &Value, label: String) -> Result<T, Rejected> {
+    T::deserialize(value).map_err(|_| {
+        let (field, value, reason) = T::locate(value).unwrap_or_else(|| {
+            (
+                String::new(),
+                String::new(),
+                "does not match the Kubernetes schema".to_owned(),
+            )
+        });
+        Rejected {
+            object: label,
+            field,
+            value,
+            reason,
         }
-    }
+    })
 }
-
 /// A k8s-openapi type whose deserialization errors can be traced to a field path.
 ///
 /// serde's errors from a generic value carry no path, so [`locate`](Schema::locate) retries the

@@ -5,6 +5,7 @@
 //! produce anything at all (a file that cannot be read or parsed) fails with [`SourceError`].
 
 pub mod file;
+pub mod watch;
 
 use std::path::PathBuf;
 

@@ -525,3 +525,126 @@ fn a_node_is_keyed_by_name_even_if_a_namespace_is_written() {
         loaded.ignored
     );
 }
+
+#[test]
+fn a_yaml_list_with_items_before_kind_is_read() {
+    // kubectl prints keys in order: `items` comes before `kind: List`.
+    let text = list(&[&service_yaml("web", "10.96.0.20", "80"), SLICE, NODE])
+        .replace("kind: List\n", "")
+        + "kind: List\n";
+    let loaded = load_one("cluster.yaml", &text).unwrap();
+    assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
+    assert!(loaded.ignored.is_empty(), "{:?}", loaded.ignored);
+    assert_eq!(loaded.state.services.len(), 1);
+    assert_eq!(loaded.state.slices.len(), 1);
+    assert_eq!(loaded.state.nodes.len(), 1);
+}
+
+#[test]
+fn a_document_with_items_that_is_not_a_list_is_one_object() {
+    // `kind` comes after `items`, so the items are read before it is known not to be a list.
+    let node_json = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}"#;
+    let docs = [
+        node_json.to_owned(),
+        format!(
+            "{{\"apiVersion\": \"v1\", \"items\": [{node_json}], \"kind\": \"Thing\", \
+             \"metadata\": {{\"name\": \"t\"}}}}"
+        ),
+        format!("{{\"items\": [{node_json}]}}"),
+        node_json.to_owned(),
+    ];
+    for (name, separator) in [("objects.json", "\n"), ("objects.yaml", "\n---\n")] {
+        let loaded = load_one(name, &docs.join(separator)).unwrap();
+        assert_eq!(loaded.state.nodes.len(), 1, "{name}");
+        assert_eq!(loaded.rejected.len(), 1, "{name}: {:?}", loaded.rejected);
+        let r = &loaded.rejected[0];
+        assert_eq!(r.field, "kind", "{name}");
+        assert!(r.object.ends_with(", item 3)"), "{name}: {r}");
+        assert_eq!(loaded.ignored.len(), 2, "{name}: {:?}", loaded.ignored);
+        assert!(
+            loaded.ignored[0].starts_with("Thing t: kind not used by nodeproxy"),
+            "{name}: {:?}",
+            loaded.ignored
+        );
+        assert!(
+            loaded.ignored[0].ends_with(", item 2)"),
+            "{name}: {:?}",
+            loaded.ignored
+        );
+        assert!(
+            loaded.ignored[1].contains("item 4") && loaded.ignored[1].contains("item 1"),
+            "{name}: {:?}",
+            loaded.ignored
+        );
+    }
+}
+
+#[test]
+fn several_json_values_each_may_be_a_list() {
+    let svc = r#"{"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.20", "ports": [{"port": 80}]}}"#;
+    let node = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}"#;
+    let text = format!(
+        "{{\"items\": [{svc}, null, 5], \"kind\": \"ServiceList\"}}\n{node}\n\
+         {{\"items\": [], \"kind\": \"List\"}}{node}"
+    );
+    let loaded = load_one("stream.json", &text).unwrap();
+    assert_eq!(loaded.state.services.len(), 1);
+    assert_eq!(loaded.state.nodes.len(), 1);
+    assert_eq!(loaded.rejected.len(), 1, "{:?}", loaded.rejected);
+    assert!(
+        loaded.rejected[0].object.ends_with("stream.json, item 2)"),
+        "{}",
+        loaded.rejected[0]
+    );
+    assert_eq!(loaded.ignored.len(), 1, "{:?}", loaded.ignored);
+    assert!(
+        loaded.ignored[0].starts_with("Node node-a: defined again in"),
+        "{:?}",
+        loaded.ignored
+    );
+}
+
+#[test]
+fn a_syntax_error_deep_in_the_items_names_its_line() {
+    let mut text = String::from("{\"apiVersion\": \"v1\", \"items\": [\n");
+    for i in 0..50 {
+        text.push_str(&format!(
+            "{{\"apiVersion\": \"v1\", \"kind\": \"Node\", \"metadata\": {{\"name\": \"n{i}\"}}}},\n"
+        ));
+    }
+    text.push_str("{\"kind\": \"Node\" \"apiVersion\": \"v1\"}\n], \"kind\": \"List\"}\n");
+    let err = load_one("big.json", &text).unwrap_err();
+    assert!(matches!(err, SourceError::Parse { line: 52, .. }), "{err}");
+    let err = load_one("big.yaml", &text).unwrap_err();
+    assert!(matches!(err, SourceError::Parse { line: 52, .. }), "{err}");
+}
+
+#[test]
+fn a_repeated_items_key_replaces_the_earlier_one() {
+    let text = format!(
+        "kind: List\nitems:\n- {}\nitems:\n- {}\n",
+        r#"{apiVersion: v1, kind: Node, metadata: {name: a}}"#,
+        r#"{apiVersion: v1, kind: Node, metadata: {name: b}}"#
+    );
+    // YAML forbids duplicate keys in a mapping; whatever the parser does, it must be what it
+    // did before reading streamed.
+    if let Ok(loaded) = load_one("dup.yaml", &text) {
+        let nodes: Vec<_> = loaded.state.nodes.keys().cloned().collect();
+        assert_eq!(nodes, ["b"]);
+    }
+    let text = r#"{"kind": "List",
+        "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}],
+        "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "b"}}]}"#;
+    let loaded = load_one("dup.json", text).unwrap();
+    let nodes: Vec<_> = loaded.state.nodes.keys().cloned().collect();
+    assert_eq!(nodes, ["b"]);
+    assert!(loaded.ignored.is_empty(), "{:?}", loaded.ignored);
+    let text = r#"{"kind": "List",
+        "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}],
+        "items": 5}"#;
+    let loaded = load_one("dup.json", text).unwrap();
+    assert!(loaded.state.nodes.is_empty());
+    assert_eq!(loaded.ignored.len(), 1, "{:?}", loaded.ignored);
+}

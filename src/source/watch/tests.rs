@@ -1,0 +1,157 @@
+//! Unit tests of how watcher events are applied to the shared state (no network).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use kube::runtime::watcher::Event;
+use serde_json::{Value, json};
+
+use super::{Applier, LISTED_SERVICES, Shared};
+use crate::model::ServiceName;
+
+fn service(name: &str, ip: &str, port: u16, rv: &str) -> core::Service {
+    decode(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "ns", "name": name, "resourceVersion": rv},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip], "ports": [{"port": port, "protocol": "TCP"}]}
+    }))
+}
+
+fn slice(name: &str, addr: &str, trigger: Option<&str>) -> discovery::EndpointSlice {
+    let mut annotations = serde_json::Map::new();
+    if let Some(t) = trigger {
+        annotations.insert(super::ANNOTATION_LAST_CHANGE_TRIGGER_TIME.into(), t.into());
+    }
+    decode(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1",
+                     "labels": {"kubernetes.io/service-name": "web"}, "annotations": annotations},
+        "addressType": "IPv4",
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [addr]}]
+    }))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+fn key(name: &str) -> ServiceName {
+    ServiceName {
+        namespace: "ns".into(),
+        name: name.into(),
+    }
+}
+
+fn services(shared: &Shared) -> Vec<String> {
+    let state = shared.state.read().unwrap();
+    state.services.keys().map(|k| k.name.clone()).collect()
+}
+
+#[test]
+fn a_relist_replaces_the_kind_only_when_it_is_complete() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut a = Applier::<core::Service>::new(shared.clone(), None);
+    a.apply(Event::Init);
+    a.apply(Event::InitApply(service("a", "10.0.0.1", 80, "1")));
+    a.apply(Event::InitApply(service("b", "10.0.0.2", 80, "1")));
+    assert!(services(&shared).is_empty(), "nothing before InitDone");
+    assert_eq!(*shared.listed.borrow() & LISTED_SERVICES, 0);
+    a.apply(Event::InitDone);
+    assert_eq!(services(&shared), ["a", "b"]);
+    assert_ne!(*shared.listed.borrow() & LISTED_SERVICES, 0);
+    assert_eq!(shared.changes.lock().unwrap().services, 2);
+
+    // b was deleted while we were disconnected: the relist drops it, at InitDone only.
+    a.apply(Event::Init);
+    a.apply(Event::InitApply(service("a", "10.0.0.1", 80, "1")));
+    assert_eq!(services(&shared), ["a", "b"]);
+    a.apply(Event::InitDone);
+    assert_eq!(services(&shared), ["a"]);
+    assert_eq!(shared.changes.lock().unwrap().services, 3);
+}
+
+#[test]
+fn an_event_that_does_not_change_the_model_does_not_wake_the_sync_loop() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let rx = shared.generation.subscribe();
+    let mut a = Applier::<core::Service>::new(shared.clone(), None);
+    a.apply(Event::Apply(service("a", "10.0.0.1", 80, "1")));
+    let g = *rx.borrow();
+    // A new resourceVersion (e.g. a status change the proxy ignores) with the same model.
+    a.apply(Event::Apply(service("a", "10.0.0.1", 80, "2")));
+    assert_eq!(*rx.borrow(), g);
+    a.apply(Event::Apply(service("a", "10.0.0.1", 81, "3")));
+    assert_ne!(*rx.borrow(), g);
+    assert_eq!(shared.changes.lock().unwrap().services, 2);
+}
+
+#[test]
+fn an_invalid_object_is_absent_reported_and_remembered_per_resource_version() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut a = Applier::<core::Service>::new(shared.clone(), None);
+    a.apply(Event::Apply(service("a", "10.0.0.1", 80, "1")));
+    a.apply(Event::Apply(service("a", "10.0.0.999", 80, "2")));
+    assert!(
+        services(&shared).is_empty(),
+        "an invalid update removes the object"
+    );
+    let rejected = shared.rejected.lock().unwrap().clone();
+    assert_eq!(rejected.len(), 1);
+    let r = rejected.values().next().unwrap();
+    assert_eq!(r.object, "Service ns/a");
+    assert_eq!(a.warned.get(&key("a")).map(String::as_str), Some("2"));
+
+    // A relist keeps it rejected; fixing it clears the report and the memory.
+    a.apply(Event::Init);
+    a.apply(Event::InitApply(service("a", "10.0.0.999", 80, "2")));
+    a.apply(Event::InitDone);
+    assert_eq!(shared.rejected.lock().unwrap().len(), 1);
+    assert!(a.warned.contains_key(&key("a")));
+    a.apply(Event::Apply(service("a", "10.0.0.1", 80, "3")));
+    assert_eq!(services(&shared), ["a"]);
+    assert!(shared.rejected.lock().unwrap().is_empty());
+    assert!(a.warned.is_empty());
+}
+
+#[test]
+fn trigger_times_are_kept_only_for_changed_slices_and_after_the_watch_started() {
+    let started = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let shared = Arc::new(Shared::new(started));
+    let mut a = Applier::<discovery::EndpointSlice>::new(shared.clone(), None);
+    // 2023-11-14T22:13:10Z is before `started` + 10 s: ignored; the later one is kept.
+    a.apply(Event::Apply(slice(
+        "web-1",
+        "10.1.0.1",
+        Some("2023-11-14T22:13:10Z"),
+    )));
+    a.apply(Event::Apply(slice(
+        "web-2",
+        "10.1.0.2",
+        Some("2023-11-14T22:14:00Z"),
+    )));
+    // Unchanged model: no sample.
+    a.apply(Event::Apply(slice(
+        "web-2",
+        "10.1.0.2",
+        Some("2023-11-14T22:15:00Z"),
+    )));
+    let changes = std::mem::take(&mut *shared.changes.lock().unwrap());
+    assert_eq!(changes.endpoint_slices, 2);
+    let times = &changes.trigger_times[&key("web")];
+    assert_eq!(
+        times,
+        &[SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_040)]
+    );
+}
+
+#[test]
+fn a_deleted_object_disappears() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut a = Applier::<core::Service>::new(shared.clone(), None);
+    a.apply(Event::Apply(service("a", "10.0.0.1", 80, "1")));
+    a.apply(Event::Delete(service("a", "10.0.0.1", 80, "2")));
+    assert!(services(&shared).is_empty());
+}

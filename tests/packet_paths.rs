@@ -1,0 +1,737 @@
+//! Packet-path tests (DESIGN §7 tier 3): the rulesets the builder makes for the golden fixtures,
+//! evaluated for the situations of reference §2.12 and §2.10/§2.11 (which connections are
+//! DNATed where, rejected, masqueraded), plus the `explain` command line end to end.
+//!
+//! Expectations are stated in terms of the cluster objects, not of the ruleset's layout, so a
+//! builder change that keeps behaviour passes and one that changes behaviour fails.
+
+// Tests fail by panicking; that is their job.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nodeproxy::config::{self, Config};
+use nodeproxy::explain;
+use nodeproxy::model::{ClusterState, IpFamily, Protocol, endpoints_for};
+use nodeproxy::ruleset::eval::{self, Fate, Origin, Packet, Route, Trace};
+use nodeproxy::ruleset::{self, Ruleset, Settings};
+use nodeproxy::source;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fixture built exactly as `--dry-run` builds it.
+struct Built {
+    name: String,
+    config: Config,
+    state: ClusterState,
+    settings: Settings,
+    ruleset: Ruleset,
+    node_addrs: Vec<IpAddr>,
+}
+
+fn build(name: &str, path: &Path, args: &[String]) -> Built {
+    let mut argv = vec!["nodeproxy".to_string(), "--dry-run".to_string()];
+    argv.extend(args.iter().cloned());
+    argv.push("--from-file".into());
+    argv.push(path.to_string_lossy().into_owned());
+    let no_env = |_: &str| None;
+    let loaded = config::load(argv.iter().map(Into::into), &no_env).expect("fixture args");
+    let input = source::file::load_files(&loaded.config.from_file).expect("fixture parses");
+    let settings = Settings::new(&loaded.config, loaded.config.node_name().unwrap());
+    let ruleset = ruleset::build(&input.state, &settings);
+    let node_addrs = explain::node_addresses(&input.state, &settings.node_name);
+    Built {
+        name: name.to_string(),
+        config: loaded.config,
+        state: input.state,
+        settings,
+        ruleset,
+        node_addrs,
+    }
+}
+
+fn fixture(name: &str) -> Built {
+    let dir = root().join("tests/fixtures/golden");
+    let args = std::fs::read_to_string(dir.join(format!("{name}.args"))).unwrap();
+    let args: Vec<String> = args.split_whitespace().map(String::from).collect();
+    build(name, &dir.join(format!("{name}.yaml")), &args)
+}
+
+/// Every golden fixture, and the example cluster with the arguments its golden uses.
+fn all_fixtures() -> Vec<Built> {
+    let dir = root().join("tests/fixtures/golden");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("yaml"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut out: Vec<Built> = names.iter().map(|n| fixture(n)).collect();
+    out.push(build(
+        "example-cluster",
+        &root().join("examples/cluster.yaml"),
+        &"--hostname-override node-a --cluster-cidr 10.244.0.0/16,fd00:10:244::/48"
+            .split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>(),
+    ));
+    assert!(out.len() >= 6, "expected the golden fixtures");
+    out
+}
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+fn sock(text: &str) -> SocketAddr {
+    text.parse().unwrap()
+}
+
+fn run(b: &Built, src: &str, dst: &str, proto: Protocol, origin: Origin) -> Trace {
+    let dst = sock(dst);
+    eval::evaluate(
+        &b.ruleset,
+        &b.node_addrs,
+        Packet {
+            src: ip(src),
+            dst: dst.ip(),
+            proto,
+            dport: dst.port(),
+            origin,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", b.name))
+}
+
+/// What a connection should come to.
+#[derive(Debug)]
+enum Expect<'a> {
+    /// DNATed to exactly these targets, accepted; masqueraded on the branches listed in
+    /// `masq` (`All` for every branch).
+    Dnat {
+        targets: &'a [&'a str],
+        masq: Masq<'a>,
+    },
+    Reject,
+    /// Not translated and accepted: the ruleset leaves it alone.
+    Untouched,
+}
+
+#[derive(Debug)]
+enum Masq<'a> {
+    None,
+    All,
+    Only(&'a [&'a str]),
+}
+
+fn check(b: &Built, src: &str, dst: &str, proto: Protocol, origin: Origin, expect: Expect<'_>) {
+    let t = run(b, src, dst, proto, origin);
+    let what = format!("{}: {origin:?} {src} -> {dst}/{proto}", b.name);
+    match expect {
+        Expect::Dnat { targets, masq } => {
+            let want: Vec<SocketAddr> = {
+                let mut v: Vec<SocketAddr> = targets.iter().map(|t| sock(t)).collect();
+                v.sort();
+                v
+            };
+            assert_eq!(t.dnat_targets(), want, "{what}: DNAT targets");
+            assert_eq!(t.fate(), Some(Fate::Accept), "{what}: fate");
+            for branch in &t.branches {
+                let target = branch.dnat.as_ref().unwrap().target;
+                let want_masq = match &masq {
+                    Masq::None => false,
+                    Masq::All => true,
+                    Masq::Only(only) => only.iter().any(|o| sock(o) == target),
+                };
+                assert_eq!(
+                    branch.masquerade.is_some(),
+                    want_masq,
+                    "{what}: masquerade of the branch to {target}: {:?}",
+                    branch.masquerade
+                );
+            }
+        }
+        Expect::Reject => {
+            assert_eq!(t.fate(), Some(Fate::Reject), "{what}: {:?}", t.branches);
+            assert!(t.dnat_targets().is_empty(), "{what}: DNATed");
+        }
+        Expect::Untouched => {
+            assert_eq!(t.fate(), Some(Fate::Accept), "{what}");
+            assert!(t.dnat_targets().is_empty(), "{what}: DNATed");
+            assert_eq!(t.masqueraded(), Some(false), "{what}: masqueraded");
+        }
+    }
+}
+
+use Origin::{External, Host, Pod};
+use Protocol::{Sctp, Tcp, Udp};
+
+#[test]
+fn clusterip_paths() {
+    let b = fixture("clusterip");
+    // Ready endpoints only (198.51.100.11 is not ready; .131 has no conditions: ready).
+    let eps = [
+        "198.51.100.10:8080",
+        "198.51.100.130:8080",
+        "198.51.100.131:8080",
+    ];
+    // A pod keeps its source address...
+    check(
+        &b,
+        "198.51.100.20",
+        "203.0.113.20:80",
+        Tcp,
+        Pod,
+        Expect::Dnat {
+            targets: &eps,
+            masq: Masq::None,
+        },
+    );
+    // ...except when it reaches itself (hairpin): only that branch is masqueraded.
+    check(
+        &b,
+        "198.51.100.10",
+        "203.0.113.20:80",
+        Tcp,
+        Pod,
+        Expect::Dnat {
+            targets: &eps,
+            masq: Masq::Only(&["198.51.100.10:8080"]),
+        },
+    );
+    // Outside the cluster CIDR: the node itself, and a client routing the service range to us.
+    check(
+        &b,
+        "192.0.2.11",
+        "203.0.113.20:80",
+        Tcp,
+        Host,
+        Expect::Dnat {
+            targets: &eps,
+            masq: Masq::All,
+        },
+    );
+    check(
+        &b,
+        "203.0.113.99",
+        "203.0.113.20:80",
+        Tcp,
+        External,
+        Expect::Dnat {
+            targets: &eps,
+            masq: Masq::All,
+        },
+    );
+    // A port the Service does not define, from a pod and from the host.
+    check(
+        &b,
+        "198.51.100.20",
+        "203.0.113.20:81",
+        Tcp,
+        Pod,
+        Expect::Reject,
+    );
+    check(
+        &b,
+        "192.0.2.11",
+        "203.0.113.20:80",
+        Udp,
+        Host,
+        Expect::Reject,
+    );
+    // An address that is no ClusterIP is none of our business.
+    check(
+        &b,
+        "198.51.100.20",
+        "203.0.113.21:80",
+        Tcp,
+        Pod,
+        Expect::Untouched,
+    );
+}
+
+#[test]
+fn nodeport_paths() {
+    let b = fixture("nodeport");
+    let web = ["198.51.100.10:8080", "198.51.100.130:8080"];
+    // NodePort on the node's primary IP: DNAT and masquerade, from outside and from the host.
+    check(
+        &b,
+        "203.0.113.99",
+        "192.0.2.11:30080",
+        Tcp,
+        External,
+        Expect::Dnat {
+            targets: &web,
+            masq: Masq::All,
+        },
+    );
+    check(
+        &b,
+        "192.0.2.11",
+        "192.0.2.11:30080",
+        Tcp,
+        Host,
+        Expect::Dnat {
+            targets: &web,
+            masq: Masq::All,
+        },
+    );
+    check(
+        &b,
+        "203.0.113.99",
+        "192.0.2.11:31868",
+        Sctp,
+        External,
+        Expect::Dnat {
+            targets: &["198.51.100.140:3868"],
+            masq: Masq::All,
+        },
+    );
+    // The same NodePort on another of the node's addresses is not a NodePort address.
+    check(
+        &b,
+        "203.0.113.99",
+        "203.0.113.111:30080",
+        Tcp,
+        External,
+        Expect::Untouched,
+    );
+    // A NodePort number nobody uses, and a NodePort on the wrong protocol.
+    check(
+        &b,
+        "203.0.113.99",
+        "192.0.2.11:30081",
+        Tcp,
+        External,
+        Expect::Untouched,
+    );
+    check(
+        &b,
+        "203.0.113.99",
+        "192.0.2.11:30080",
+        Udp,
+        External,
+        Expect::Untouched,
+    );
+    // No (ready) endpoints: ClusterIP and NodePort reject, from everywhere.
+    check(
+        &b,
+        "198.51.100.20",
+        "203.0.113.30:80",
+        Tcp,
+        Pod,
+        Expect::Reject,
+    );
+    check(
+        &b,
+        "192.0.2.11",
+        "203.0.113.30:80",
+        Tcp,
+        Host,
+        Expect::Reject,
+    );
+    check(
+        &b,
+        "203.0.113.99",
+        "192.0.2.11:30090",
+        Tcp,
+        External,
+        Expect::Reject,
+    );
+    check(
+        &b,
+        "192.0.2.11",
+        "192.0.2.11:30090",
+        Tcp,
+        Host,
+        Expect::Reject,
+    );
+    // The NodePort of a Service without endpoints on another address: untouched.
+    check(
+        &b,
+        "203.0.113.99",
+        "203.0.113.111:30090",
+        Tcp,
+        External,
+        Expect::Untouched,
+    );
+}
+
+#[test]
+fn masquerade_all_masquerades_pod_traffic_too() {
+    let b = fixture("ignored");
+    assert!(b.config.masquerade_all);
+    check(
+        &b,
+        "198.51.100.20",
+        "203.0.113.20:80",
+        Tcp,
+        Pod,
+        Expect::Dnat {
+            targets: &["198.51.100.10:8080"],
+            masq: Masq::All,
+        },
+    );
+    // A Service for another proxy and a headless one are not programmed.
+    check(
+        &b,
+        "198.51.100.20",
+        "203.0.113.50:80",
+        Tcp,
+        Pod,
+        Expect::Untouched,
+    );
+}
+
+#[test]
+fn multiport_dnats_each_port_to_its_target_port() {
+    let b = fixture("multiport");
+    let eps = |port: u16| -> Vec<String> {
+        ["198.51.100.10", "198.51.100.130", "198.51.100.131"]
+            .iter()
+            .map(|a| format!("{a}:{port}"))
+            .collect()
+    };
+    for (port, proto, target) in [(53, Udp, 5353), (53, Tcp, 5354), (9153, Tcp, 9153)] {
+        let want = eps(target);
+        let want: Vec<&str> = want.iter().map(String::as_str).collect();
+        check(
+            &b,
+            "198.51.100.20",
+            &format!("203.0.113.10:{port}"),
+            proto,
+            Pod,
+            Expect::Dnat {
+                targets: &want,
+                masq: Masq::None,
+            },
+        );
+    }
+    check(
+        &b,
+        "198.51.100.20",
+        "203.0.113.10:53",
+        Sctp,
+        Pod,
+        Expect::Reject,
+    );
+}
+
+#[test]
+fn ipv6_paths() {
+    let b = fixture("dualstack");
+    let web6 = ["[2001:db8:a::10]:8080", "[2001:db8:b::10]:8080"];
+    check(
+        &b,
+        "2001:db8:a::99",
+        "[2001:db8:ffff::20]:80",
+        Tcp,
+        Pod,
+        Expect::Dnat {
+            targets: &web6,
+            masq: Masq::None,
+        },
+    );
+    check(
+        &b,
+        "2001:db8:a::10",
+        "[2001:db8:ffff::20]:80",
+        Tcp,
+        Pod,
+        Expect::Dnat {
+            targets: &web6,
+            masq: Masq::Only(&["[2001:db8:a::10]:8080"]),
+        },
+    );
+    check(
+        &b,
+        "2001:db8::11",
+        "[2001:db8:ffff::20]:80",
+        Tcp,
+        Host,
+        Expect::Dnat {
+            targets: &web6,
+            masq: Masq::All,
+        },
+    );
+    check(
+        &b,
+        "2001:db8:ffff::99",
+        "[2001:db8::11]:30080",
+        Tcp,
+        External,
+        Expect::Dnat {
+            targets: &web6,
+            masq: Masq::All,
+        },
+    );
+    check(
+        &b,
+        "2001:db8:a::99",
+        "[2001:db8:ffff::20]:81",
+        Tcp,
+        Pod,
+        Expect::Reject,
+    );
+    check(
+        &b,
+        "2001:db8:a::99",
+        "[2001:db8:ffff::30]:53",
+        Udp,
+        Pod,
+        Expect::Dnat {
+            targets: &["[2001:db8:b::53]:53"],
+            masq: Masq::None,
+        },
+    );
+    // The IPv4 side of the same Service is unaffected by the IPv6 table and vice versa.
+    check(
+        &b,
+        "198.51.100.20",
+        "203.0.113.20:80",
+        Tcp,
+        Pod,
+        Expect::Dnat {
+            targets: &["198.51.100.10:8080"],
+            masq: Masq::None,
+        },
+    );
+}
+
+/// Table-driven over every fixture and every Service port, with the expectation computed from
+/// the cluster objects (§2.12, §2.10): ready endpoints of the family or reject; pods not
+/// masqueraded (unless masquerade-all), off-cluster clients always; NodePorts on the primary
+/// address the same, always masqueraded.
+#[test]
+fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
+    let mut checked = 0;
+    for b in all_fixtures() {
+        let slices = b.state.slices_by_service();
+        for svc in b.state.services.values() {
+            let svc_slices = slices.get(&svc.name).map(Vec::as_slice).unwrap_or_default();
+            for family in IpFamily::ALL {
+                let Some(cluster_ip) = svc.cluster_ip(family) else {
+                    continue;
+                };
+                let (pod_src, outside_src) = sources(&b, family);
+                for port in &svc.ports {
+                    let ready: BTreeSet<SocketAddr> = endpoints_for(svc_slices, port)
+                        .into_iter()
+                        .filter(|ep| ep.conditions.ready && IpFamily::of(&ep.addr) == family)
+                        .map(|ep| SocketAddr::new(ep.addr, ep.port))
+                        .collect();
+                    let what = format!(
+                        "{}: {} port {}/{}",
+                        b.name, svc.name, port.port, port.protocol
+                    );
+                    let dst = SocketAddr::new(cluster_ip, port.port);
+                    let pkt = |src: IpAddr, dst: SocketAddr, origin| Packet {
+                        src,
+                        dst: dst.ip(),
+                        proto: port.protocol,
+                        dport: dst.port(),
+                        origin,
+                    };
+                    let eval = |p: Packet| eval::evaluate(&b.ruleset, &b.node_addrs, p).unwrap();
+                    let pod = eval(pkt(pod_src, dst, Pod));
+                    let outside = eval(pkt(outside_src, dst, External));
+                    if ready.is_empty() {
+                        assert_eq!(pod.fate(), Some(Fate::Reject), "{what}: no endpoints");
+                        assert_eq!(outside.fate(), Some(Fate::Reject), "{what}: no endpoints");
+                    } else {
+                        let got: BTreeSet<SocketAddr> = pod.dnat_targets().into_iter().collect();
+                        assert_eq!(got, ready, "{what}: DNAT targets");
+                        assert_eq!(pod.fate(), Some(Fate::Accept), "{what}");
+                        assert_eq!(
+                            pod.masqueraded(),
+                            Some(b.config.masquerade_all),
+                            "{what}: pod source masquerade"
+                        );
+                        let got: BTreeSet<SocketAddr> =
+                            outside.dnat_targets().into_iter().collect();
+                        assert_eq!(got, ready, "{what}: DNAT targets (outside)");
+                        let cidr = b
+                            .settings
+                            .cluster_cidrs
+                            .iter()
+                            .any(|n| IpFamily::of(&n.addr()) == family);
+                        if cidr || b.config.masquerade_all {
+                            masqueraded_unless_local(&outside, &format!("{what}: outside source"));
+                        }
+                    }
+                    checked += 1;
+                    let (Some(node_port), Some(node_ip)) = (
+                        port.node_port,
+                        b.state
+                            .nodes
+                            .get(&b.settings.node_name)
+                            .and_then(|n| n.primary_ip(family)),
+                    ) else {
+                        continue;
+                    };
+                    let np = eval(pkt(
+                        outside_src,
+                        SocketAddr::new(node_ip, node_port),
+                        External,
+                    ));
+                    if ready.is_empty() {
+                        assert_eq!(
+                            np.fate(),
+                            Some(Fate::Reject),
+                            "{what}: NodePort, no endpoints"
+                        );
+                    } else {
+                        let got: BTreeSet<SocketAddr> = np.dnat_targets().into_iter().collect();
+                        assert_eq!(got, ready, "{what}: NodePort DNAT targets");
+                        masqueraded_unless_local(&np, &format!("{what}: NodePort"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 15, "only {checked} service ports checked");
+}
+
+/// Every branch is masqueraded, except those DNATed to one of the node's own addresses (a
+/// host-network endpoint here): they are delivered on the input path, which has no postrouting.
+fn masqueraded_unless_local(t: &Trace, what: &str) {
+    for branch in &t.branches {
+        let local = branch.route == Some(Route::Input);
+        assert_eq!(
+            branch.masquerade.is_some(),
+            !local,
+            "{what}: masquerade of the branch to {:?} (route {:?})",
+            branch.dnat.as_ref().map(|d| d.target),
+            branch.route
+        );
+    }
+}
+
+/// A pod source (inside the family's cluster CIDR when there is one, and never an endpoint)
+/// and an off-cluster source, for `family`.
+fn sources(b: &Built, family: IpFamily) -> (IpAddr, IpAddr) {
+    let cidr = b
+        .settings
+        .cluster_cidrs
+        .iter()
+        .find(|n| IpFamily::of(&n.addr()) == family);
+    match family {
+        IpFamily::V4 => (
+            cidr.and_then(|n| n.hosts().nth(250))
+                .unwrap_or(ip("198.51.100.250")),
+            ip("192.0.2.200"),
+        ),
+        IpFamily::V6 => (
+            cidr.and_then(|n| n.hosts().nth(250))
+                .unwrap_or(ip("2001:db8:a::fa")),
+            ip("2001:db8:ffff:ffff::1"),
+        ),
+    }
+}
+
+fn explain_cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        .current_dir(root())
+        .env_remove("NODEPROXY_CONFIG")
+        .env("NODEPROXY_LOG", "warn")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn explain_prints_the_path_of_a_pod_dns_query_on_the_example_cluster() {
+    let (code, out, err) = explain_cli(&[
+        "explain",
+        "--from-file",
+        "examples/cluster.yaml",
+        "--hostname-override",
+        "node-a",
+        "--cluster-cidr",
+        "10.244.0.0/16",
+        "10.244.1.5",
+        "10.96.0.10:53/udp",
+    ]);
+    assert_eq!(code, 0, "stderr: {err}");
+    for line in [
+        "packet: 10.244.1.5 -> 10.96.0.10:53/udp, new connection from a pod on this node",
+        "prerouting: nat-prerouting (type nat, priority -100)",
+        "  [services] ip daddr . meta l4proto . th dport vmap @service-ips",
+        "@service-ips: 10.96.0.10 . udp . 53 : goto pick-2  (kube-system/kube-dns:dns)",
+        "DNAT candidates (2):",
+        "  10.244.1.2:53  (kube-system/kube-dns:dns)",
+        "  10.244.2.2:53  (kube-system/kube-dns:dns)",
+        "forward: filter-forward (type filter, priority 0)",
+        "verdict: accept",
+        "masquerade: no",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn explain_says_why_host_traffic_is_masqueraded_and_why_a_nodeport_is_rejected() {
+    let base = [
+        "explain",
+        "--from-file",
+        "examples/cluster.yaml",
+        "--hostname-override",
+        "node-a",
+        "--cluster-cidr",
+        "10.244.0.0/16",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["192.0.2.11", "10.96.0.10:53/udp"]);
+    let (code, out, err) = explain_cli(&args);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(out.contains("from this node's own processes"), "{out}");
+    assert!(out.contains("output: nat-output"), "{out}");
+    assert!(
+        out.contains("masquerade: yes: marked by `ip daddr @cluster-ips ip saddr != 10.244.0.0/16"),
+        "{out}"
+    );
+    let mut args = base.to_vec();
+    args.extend(["--from", "external", "203.0.113.7", "192.0.2.11:30090/tcp"]);
+    let (code, out, err) = explain_cli(&args);
+    assert_eq!(code, 0, "stderr: {err}");
+    assert!(
+        out.contains("verdict: reject (ICMP port unreachable) by `reject` in reject-chain"),
+        "{out}"
+    );
+    assert!(
+        out.contains("@no-endpoint-nodeports: tcp . 30090 : goto reject-chain  (shop/checkout"),
+        "{out}"
+    );
+    assert!(out.contains("DNAT: none"), "{out}");
+}
+
+#[test]
+fn explain_rejects_bad_arguments_with_exit_2() {
+    let (code, _, err) = explain_cli(&[
+        "explain",
+        "--from-file",
+        "examples/cluster.yaml",
+        "10.244.1.5",
+        "[fd00::10]:53/udp",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("same address family"), "{err}");
+    let (code, _, err) = explain_cli(&["explain", "10.244.1.5", "10.96.0.10:53/icmp"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("tcp, udp or sctp"), "{err}");
+    let (code, _, err) = explain_cli(&["--dry-run", "explain", "10.244.1.5", "10.96.0.10:53"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot be combined"), "{err}");
+}
