@@ -2,13 +2,8 @@
 //! output of `--dry-run` can be loaded with `nft -f` and compared with what the kernel holds.
 
 use super::{
-<<<<<<< HEAD
-    AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Ruleset, Set,
-    SetData, SetKind, Stmt, Table, Verdict,
-=======
     AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Ruleset,
-    Set, SetData, Stmt, Table, Verdict,
->>>>>>> main
+    Set, SetData, SetKind, Stmt, Table, Verdict,
 };
 use crate::model::IpFamily;
 use std::fmt::Write as _;
