@@ -167,6 +167,7 @@ fn poison_transaction_is_rejected_naming_the_service() {
         svc.elements.insert(
             vec![10, 96, 0, 99, 6, 0, 0, 0, 0, 80, 0, 0].into(),
             WireElem {
+                key_end: None,
                 data: Some(WireData::Verdict {
                     code: -4,
                     chain: Some("no-such-chain".into()),
@@ -179,6 +180,7 @@ fn poison_transaction_is_rejected_naming_the_service() {
         cips.elements.insert(
             vec![10, 96, 0, 99].into(),
             WireElem {
+                key_end: None,
                 data: None,
                 userdata: None,
                 origin: None,

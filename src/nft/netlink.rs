@@ -61,6 +61,9 @@ const SET_KEY_LEN: u16 = 5;
 const SET_DATA_TYPE: u16 = 6;
 const SET_DATA_LEN: u16 = 7;
 const SET_USERDATA: u16 = 13;
+const SET_DESC: u16 = 9;
+const SET_DESC_CONCAT: u16 = 2;
+const SET_FIELD_LEN: u16 = 1;
 const SET_ID: u16 = 10;
 const ELEM_LIST_TABLE: u16 = 1;
 const ELEM_LIST_SET: u16 = 2;
@@ -68,6 +71,7 @@ const ELEM_LIST_ELEMENTS: u16 = 3;
 const ELEM_KEY: u16 = 1;
 const ELEM_DATA: u16 = 2;
 const ELEM_USERDATA: u16 = 6;
+const ELEM_KEY_END: u16 = 10;
 
 const DATA_VALUE: u16 = 1;
 
@@ -219,6 +223,12 @@ fn encode_elem(buf: &mut Vec<u8>, key: &[u8], e: &WireElem, with_data: bool) {
     let k = nest_begin(buf, ELEM_KEY | NLA_F_NESTED);
     put_attr(buf, DATA_VALUE, key);
     let _ = nest_end(buf, k);
+    // A range element is identified by both ends, also when it is deleted.
+    if let Some(end) = &e.key_end {
+        let k = nest_begin(buf, ELEM_KEY_END | NLA_F_NESTED);
+        put_attr(buf, DATA_VALUE, end);
+        let _ = nest_end(buf, k);
+    }
     if with_data {
         if let Some(d) = &e.data {
             let n = nest_begin(buf, ELEM_DATA | NLA_F_NESTED);
@@ -336,6 +346,18 @@ fn encode_op(
             }
             if let Some(l) = set.data_len {
                 put_u32_be(buf, SET_DATA_LEN, l);
+            }
+            if !set.concat.is_empty() {
+                let desc = nest_begin(buf, SET_DESC | NLA_F_NESTED);
+                let list = nest_begin(buf, SET_DESC_CONCAT | NLA_F_NESTED);
+                for len in &set.concat {
+                    let el = nest_begin(buf, LIST_ELEM | NLA_F_NESTED);
+                    put_u32_be(buf, SET_FIELD_LEN, *len);
+                    let _ = nest_end(buf, el);
+                }
+                // At most a handful of fields.
+                let _ = nest_end(buf, list);
+                let _ = nest_end(buf, desc);
             }
             if !set.userdata.is_empty() {
                 put_attr(buf, SET_USERDATA, &set.userdata);
@@ -810,6 +832,7 @@ impl NetlinkKernel {
                 data_type: None,
                 data_len: None,
                 userdata: Vec::new(),
+                concat: Vec::new(),
                 elements: BTreeMap::new(),
             };
             for (ty, p, _) in Attrs::new(&s) {
@@ -822,10 +845,17 @@ impl NetlinkKernel {
                     SET_DATA_TYPE => set.data_type = be_u32(p),
                     SET_DATA_LEN => set.data_len = be_u32(p),
                     SET_USERDATA => set.userdata = p.to_vec(),
+                    SET_DESC => set.concat = parse_desc_concat(p),
                     _ => {}
                 }
             }
             if tname != name {
+                continue;
+            }
+            // The packet path owns a dynamic set's elements (affinity entries): they are not
+            // ours to compare or remove, and there may be many.
+            if set.is_dynamic() {
+                w.add_set(&sname, set);
                 continue;
             }
             let elems = self
@@ -909,6 +939,26 @@ fn parse_expr(e: &[u8]) -> WireExpr {
     WireExpr::new(&name, attrs)
 }
 
+/// The field lengths of `NFTA_SET_DESC_CONCAT` in a set's description.
+fn parse_desc_concat(desc: &[u8]) -> Vec<u32> {
+    let mut lens = Vec::new();
+    for (ty, p, _) in Attrs::new(desc) {
+        if ty & NLA_TYPE_MASK != SET_DESC_CONCAT {
+            continue;
+        }
+        for (_, field, _) in Attrs::new(p) {
+            for (t, q, _) in Attrs::new(field) {
+                if t & NLA_TYPE_MASK == SET_FIELD_LEN
+                    && let Some(len) = be_u32(q)
+                {
+                    lens.push(len);
+                }
+            }
+        }
+    }
+    lens
+}
+
 /// Parses one element of a dump. `chains` and `comments` intern goto targets and comments: a
 /// table at 10k services holds hundreds of thousands of elements sharing a few thousand.
 fn parse_elem(
@@ -918,6 +968,7 @@ fn parse_elem(
 ) -> Option<(Box<[u8]>, WireElem)> {
     let mut key = None;
     let mut elem = WireElem {
+        key_end: None,
         data: None,
         userdata: None,
         origin: None,
@@ -927,6 +978,11 @@ fn parse_elem(
             ELEM_KEY => {
                 if let Some(WireData::Value(v)) = wire::parse_data(p) {
                     key = Some(v);
+                }
+            }
+            ELEM_KEY_END => {
+                if let Some(WireData::Value(v)) = wire::parse_data(p) {
+                    elem.key_end = Some(v);
                 }
             }
             ELEM_DATA => {

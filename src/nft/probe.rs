@@ -336,6 +336,7 @@ fn build_dnat_map(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
             service_atoms(family),
             Some(ElemData::Value(vec![addr(family, 2), Atom::Port(5353)])),
         )],
+        kind: Default::default(),
     };
     let rule = guarded(
         family,
@@ -380,6 +381,7 @@ fn build_numgen(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
         elements: (0..2)
             .map(|i| element(vec![Atom::Int(i)], Some(ElemData::Verdict(Verdict::Accept))))
             .collect(),
+        kind: Default::default(),
     };
     let rule = guarded(family, vec![Stmt::Vmap { key, map }]);
     table(
@@ -440,6 +442,7 @@ fn build_concat_vmap(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
             service_atoms(family),
             Some(ElemData::Verdict(Verdict::Goto(target.clone()))),
         )],
+        kind: Default::default(),
     };
     let rule = guarded(
         family,
@@ -584,6 +587,7 @@ fn build_dynset(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
             data_type: None,
             data_len: None,
             userdata: Vec::new(),
+            concat: Vec::new(),
             elements: Default::default(),
         },
     );

@@ -69,6 +69,7 @@ fn table(elems: Vec<Element>, extra_chain: bool) -> Table {
             key,
             data: Some(SetData::Verdict),
             typeof_: false,
+            kind: Default::default(),
             elements: elems,
         }],
         chains,

@@ -16,11 +16,16 @@ use super::udata;
 use crate::model::{IpFamily, ServicePortName};
 use crate::ruleset::{
     AddrField, Atom, BaseChain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set, SetData,
-    Stmt, Table, Verdict,
+    SetKind, Stmt, Table, Verdict,
 };
 
 /// `NFT_SET_MAP`.
 pub const SET_F_MAP: u32 = 0x8;
+/// `NFT_SET_INTERVAL`, `NFT_SET_TIMEOUT`, `NFT_SET_EVAL` (dynamic), `NFT_SET_CONCAT`.
+pub const SET_F_INTERVAL: u32 = 0x4;
+pub const SET_F_TIMEOUT: u32 = 0x10;
+pub const SET_F_EVAL: u32 = 0x20;
+pub const SET_F_CONCAT: u32 = 0x80;
 /// `NFT_DATA_VERDICT`: the data type of verdict maps.
 pub const DATA_TYPE_VERDICT: u32 = 0xffff_ff00;
 /// The kernel reports `sizeof(struct nft_verdict)` as a verdict map's data length.
@@ -217,6 +222,8 @@ pub struct WireSet {
     pub data_type: Option<u32>,
     pub data_len: Option<u32>,
     pub userdata: Vec<u8>,
+    /// Field lengths of a concatenation of ranges (`NFTA_SET_DESC_CONCAT`); empty otherwise.
+    pub concat: Vec<u32>,
     pub elements: BTreeMap<Box<[u8]>, WireElem>,
 }
 
@@ -229,6 +236,12 @@ impl WireSet {
             && self.data_type == o.data_type
             && self.data_len == o.data_len
             && self.userdata == o.userdata
+            && self.concat == o.concat
+    }
+
+    /// A dynamic set: the packet path owns its elements, so they are never compared or written.
+    pub fn is_dynamic(&self) -> bool {
+        self.flags & SET_F_EVAL != 0
     }
 
     pub fn is_map(&self) -> bool {
@@ -251,6 +264,8 @@ impl WireSet {
 
 #[derive(Debug, Clone)]
 pub struct WireElem {
+    /// The last key of a range element (`NFTA_SET_ELEM_KEY_END`), in interval sets.
+    pub key_end: Option<Box<[u8]>>,
     pub data: Option<WireData>,
     /// Shared: the elements of one Service port carry the same comment.
     pub userdata: Option<Arc<[u8]>>,
@@ -260,7 +275,7 @@ pub struct WireElem {
 
 impl PartialEq for WireElem {
     fn eq(&self, o: &Self) -> bool {
-        self.data == o.data && self.userdata == o.userdata
+        self.key_end == o.key_end && self.data == o.data && self.userdata == o.userdata
     }
 }
 impl Eq for WireElem {}
@@ -322,6 +337,20 @@ const CT_KEY: u16 = 2;
 const FIB_DREG: u16 = 1;
 const FIB_RESULT: u16 = 2;
 const FIB_FLAGS: u16 = 3;
+const BYTEORDER_SREG: u16 = 1;
+const BYTEORDER_DREG: u16 = 2;
+const BYTEORDER_OP: u16 = 3;
+const BYTEORDER_LEN: u16 = 4;
+const BYTEORDER_SIZE: u16 = 5;
+const DYNSET_SET_NAME: u16 = 1;
+const DYNSET_OP: u16 = 3;
+const DYNSET_SREG_KEY: u16 = 4;
+const DYNSET_TIMEOUT: u16 = 6;
+const DYNSET_FLAGS: u16 = 9;
+const NFT_DYNSET_OP_UPDATE: u32 = 1;
+const NFT_BYTEORDER_HTON: u32 = 1;
+/// `NFT_LOOKUP_F_INV`: the lookup matches when the key is absent.
+const NFT_LOOKUP_F_INV: u32 = 1;
 
 const DATA_VALUE: u16 = 1;
 const DATA_VERDICT: u16 = 2;
@@ -542,11 +571,23 @@ fn ct_load(key: u32) -> WireExpr {
 
 /// Loads the key fields into consecutive registers from NFT_REG_1; returns the words used.
 fn load_key(family: IpFamily, key: &[KeyField], out: &mut Vec<WireExpr>) -> u32 {
+    load_key_for(family, key, false, out)
+}
+
+/// Like [`load_key`]; for a lookup in a concatenation of ranges, nft 1.0.6 follows the
+/// one-byte `meta l4proto` load with `byteorder hton(size 2, len 1)` (a no-op in the kernel:
+/// it converts len/size = 0 words), so we emit it too, or the rule would not list back as nft's.
+fn load_key_for(
+    family: IpFamily,
+    key: &[KeyField],
+    interval: bool,
+    out: &mut Vec<WireExpr>,
+) -> u32 {
     let mut word = 0u32;
     for f in key {
         let r = reg(word);
         let info = field_info(family, *f);
-        out.push(match f {
+        let expr = match f {
             KeyField::Saddr => payload(
                 r,
                 NFT_PAYLOAD_NETWORK_HEADER,
@@ -559,6 +600,19 @@ fn load_key(family: IpFamily, key: &[KeyField], out: &mut Vec<WireExpr>) -> u32 
                 addr_offset(family, AddrField::Daddr),
                 info.len,
             ),
+            KeyField::L4Proto if interval && key.len() > 1 => {
+                out.push(meta_load(NFT_META_L4PROTO, r));
+                WireExpr::new(
+                    "byteorder",
+                    vec![
+                        (BYTEORDER_SREG, be(r)),
+                        (BYTEORDER_DREG, be(r)),
+                        (BYTEORDER_OP, be(NFT_BYTEORDER_HTON)),
+                        (BYTEORDER_LEN, be(1)),
+                        (BYTEORDER_SIZE, be(2)),
+                    ],
+                )
+            }
             KeyField::L4Proto => meta_load(NFT_META_L4PROTO, r),
             KeyField::ThDport => payload(r, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2),
             KeyField::Numgen { modulus } => WireExpr::new(
@@ -570,19 +624,28 @@ fn load_key(family: IpFamily, key: &[KeyField], out: &mut Vec<WireExpr>) -> u32 
                     (NG_OFFSET, be(0)),
                 ],
             ),
-        });
+        };
+        out.push(expr);
         word += pad4(info.len) / 4;
     }
     word
 }
 
 fn lookup(set: &str, dreg: Option<u32>) -> WireExpr {
-    let mut name = set.as_bytes().to_vec();
+    lookup_flags(set, dreg, 0)
+}
+
+fn cstring(s: &str) -> Vec<u8> {
+    let mut name = s.as_bytes().to_vec();
     name.push(0);
+    name
+}
+
+fn lookup_flags(set: &str, dreg: Option<u32>, flags: u32) -> WireExpr {
     let mut attrs = vec![
-        (LOOKUP_SET, name),
+        (LOOKUP_SET, cstring(set)),
         (LOOKUP_SREG, be(1)),
-        (LOOKUP_FLAGS, be(0)),
+        (LOOKUP_FLAGS, be(flags)),
     ];
     if let Some(d) = dreg {
         attrs.push((LOOKUP_DREG, be(d)));
@@ -662,9 +725,52 @@ fn lower_stmt(
         }
         Stmt::InSet { key, set } | Stmt::Vmap { key, map: set } => {
             check_set_key(family, table, set, key)?;
-            load_key(family, key, out);
+            let interval = table.set(set).is_some_and(|s| s.kind == SetKind::Interval);
+            load_key_for(family, key, interval, out);
             let dreg = matches!(stmt, Stmt::Vmap { .. }).then_some(0);
             out.push(lookup(set, dreg));
+        }
+        Stmt::NotInSet { key, set } => {
+            check_set_key(family, table, set, key)?;
+            let interval = table.set(set).is_some_and(|s| s.kind == SetKind::Interval);
+            load_key_for(family, key, interval, out);
+            out.push(lookup_flags(set, None, NFT_LOOKUP_F_INV));
+        }
+        Stmt::UpdateSet {
+            key,
+            set,
+            timeout_secs,
+        } => {
+            check_set_key(family, table, set, key)?;
+            if table.set(set).is_none_or(|s| s.kind != SetKind::Dynamic) {
+                return Err(format!("update of @{set}, which is not a dynamic set"));
+            }
+            load_key(family, key, out);
+            // The kernel dumps the timeout in milliseconds as a 64-bit value, and the flags.
+            let ms = u64::from(*timeout_secs) * 1000;
+            out.push(WireExpr::new(
+                "dynset",
+                vec![
+                    (DYNSET_SET_NAME, cstring(set)),
+                    (DYNSET_OP, be(NFT_DYNSET_OP_UPDATE)),
+                    (DYNSET_SREG_KEY, be(1)),
+                    (DYNSET_TIMEOUT, ms.to_be_bytes().to_vec()),
+                    (DYNSET_FLAGS, be(0)),
+                ],
+            ));
+        }
+        Stmt::RandomIs { modulus, value } => {
+            out.push(WireExpr::new(
+                "numgen",
+                vec![
+                    (NG_DREG, be(1)),
+                    (NG_MODULUS, be(*modulus)),
+                    (NG_TYPE, be(NFT_NG_RANDOM)),
+                    (NG_OFFSET, be(0)),
+                ],
+            ));
+            // numgen writes a host-endian u32.
+            out.push(cmp(NFT_CMP_EQ, &value.to_ne_bytes()));
         }
         Stmt::MarkTest { mask } => {
             out.push(meta_load(NFT_META_MARK, 1));
@@ -819,6 +925,17 @@ fn encode_atoms(
     fields: &[KeyField],
     atoms: &[Atom],
 ) -> Result<Box<[u8]>, String> {
+    encode_atoms_at(family, fields, atoms, false)
+}
+
+/// Encodes the first (`end` false) or last (`end` true) key of a range element: ranges
+/// ([`Atom::Net`]) contribute their first or last address, other atoms themselves.
+fn encode_atoms_at(
+    family: IpFamily,
+    fields: &[KeyField],
+    atoms: &[Atom],
+    end: bool,
+) -> Result<Box<[u8]>, String> {
     if fields.len() != atoms.len() {
         return Err(format!(
             "has {} fields, its set has {}",
@@ -840,6 +957,15 @@ fn encode_atoms(
             (KeyField::L4Proto, Atom::Proto(p), _) => out.push(p.number()),
             (KeyField::ThDport, Atom::Port(p), _) => out.extend_from_slice(&p.to_be_bytes()),
             (KeyField::Numgen { .. }, Atom::Int(i), _) => out.extend_from_slice(&i.to_ne_bytes()),
+            (KeyField::Saddr | KeyField::Daddr, Atom::Net(net), _)
+                if IpFamily::of(&net.addr()) == family =>
+            {
+                let addr = if end { net.broadcast() } else { net.network() };
+                match addr {
+                    IpAddr::V4(ip) => out.extend_from_slice(&ip.octets()),
+                    IpAddr::V6(ip) => out.extend_from_slice(&ip.octets()),
+                }
+            }
             _ => return Err(format!("value {a:?} does not fit field {f:?}")),
         }
         if concat {
@@ -868,6 +994,26 @@ fn lower_set<E: Borrow<Element>>(
         )
     };
     let (key_type, key_len) = concat_type(family, &set.key);
+    let interval = set.kind == SetKind::Interval;
+    // The kernel keeps single-field intervals as pairs of elements (start, end flag); only
+    // concatenations of ranges (one element with KEY_END) are supported here.
+    if interval && set.key.len() < 2 {
+        return Err(NftError::Invalid {
+            object: obj(),
+            reason: "interval sets must have a concatenated key".into(),
+            origin: None,
+        });
+    }
+    let kind_flags = match set.kind {
+        SetKind::Hash => 0,
+        SetKind::Interval => SET_F_INTERVAL | SET_F_CONCAT,
+        SetKind::Dynamic => SET_F_TIMEOUT | SET_F_EVAL,
+    };
+    let concat = if interval {
+        set.key.iter().map(|f| field_info(family, *f).len).collect()
+    } else {
+        Vec::new()
+    };
     let (flags, data_type, data_len) = match &set.data {
         None => (0, None, None),
         Some(SetData::Verdict) => (SET_F_MAP, Some(DATA_TYPE_VERDICT), Some(VERDICT_DATA_LEN)),
@@ -886,6 +1032,11 @@ fn lower_set<E: Borrow<Element>>(
             origin: e.origin.as_deref().cloned().map(Box::new),
         };
         let key = encode_atoms(family, &set.key, &e.key).map_err(bad)?;
+        let key_end = if interval {
+            Some(encode_atoms_at(family, &set.key, &e.key, true).map_err(bad)?)
+        } else {
+            None
+        };
         let data = match (&set.data, &e.data) {
             (None, None) => None,
             (Some(SetData::Verdict), Some(ElemData::Verdict(v))) => {
@@ -910,6 +1061,7 @@ fn lower_set<E: Borrow<Element>>(
                 .clone()
         });
         let elem = WireElem {
+            key_end,
             data,
             userdata,
             origin: e.origin.clone(),
@@ -919,12 +1071,13 @@ fn lower_set<E: Borrow<Element>>(
         }
     }
     Ok(WireSet {
-        flags,
+        flags: flags | kind_flags,
         key_type,
         key_len,
         data_type,
         data_len,
         userdata: udata::set_udata(family, set),
+        concat,
         elements: wire_elements,
     })
 }

@@ -6,7 +6,7 @@
 //! applies without re-validating the chain graph; only a change of a Service's endpoint count
 //! moves its verdict element to another (tiny) `pick-<k>` chain.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -128,10 +128,19 @@ pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
     Ruleset {
         tables: IpFamily::ALL
             .iter()
-            .map(|&family| build_table(state, settings, family))
+            .map(|&family| {
+                let mut table = build_table(state, settings, family);
+                // Source ranges and session affinity live in their own modules.
+                firewall::add(state, settings, family, &mut table);
+                affinity::add(state, settings, family, &mut table);
+                table
+            })
             .collect(),
     }
 }
+
+mod affinity;
+mod firewall;
 
 /// Elements of one set; sorted and de-duplicated by [`finish`] once collected.
 type Elements = Vec<Element>;
@@ -460,6 +469,7 @@ fn set(
         data,
         typeof_: false,
         elements: finish(elements),
+        kind: Default::default(),
     }
 }
 
@@ -1049,25 +1059,6 @@ pub fn diagnostics(state: &ClusterState, settings: &Settings) -> Vec<String> {
             }
         }
     }
-    let unsupported: BTreeSet<String> = state
-        .services
-        .values()
-        .filter_map(|s| {
-            let mut what = Vec::new();
-            if s.session_affinity_timeout.is_some() {
-                what.push("sessionAffinity: ClientIP");
-            }
-            (!what.is_empty()).then(|| {
-                format!(
-                    "Service {} uses {} which this version does not implement yet; it is \
-                     served without affinity",
-                    s.name,
-                    what.join(", ")
-                )
-            })
-        })
-        .collect();
-    out.extend(unsupported);
     out
 }
 

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use super::render;
 use super::{
     AddrField, Atom, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Ruleset, Set,
-    SetData, Stmt, Table, Verdict,
+    SetData, SetKind, Stmt, Table, Verdict,
 };
 use crate::model::{IpFamily, Protocol};
 
@@ -731,8 +731,18 @@ impl<'a> Run<'a> {
 
     /// Looks `key` up in `set`; records the matched element on the rule.
     fn lookup(&self, ctx: &mut RuleCtx<'_>, set: &'a Set, key: &[Atom]) -> Option<&'a Element> {
-        // Exact match only: nodeproxy has no interval sets yet. Interval sets go here.
-        let elem = set.elements.iter().find(|e| e.key == key)?;
+        // Exact match, except that a range atom (interval sets) matches the addresses in it.
+        let matches = |e: &Element| {
+            e.key.len() == key.len()
+                && e.key
+                    .iter()
+                    .zip(key)
+                    .all(|(have, want)| match (have, want) {
+                        (Atom::Net(net), Atom::Addr(addr)) => net.contains(addr),
+                        _ => have == want,
+                    })
+        };
+        let elem = set.elements.iter().find(|e| matches(e))?;
         let mut note = format!("@{}: {}", set.name, render::atoms(&elem.key));
         match &elem.data {
             None => {}
@@ -914,6 +924,26 @@ impl<'a> Run<'a> {
                 Flow::Verdict(Terminal::Accept)
             }
             Stmt::Reject => Flow::Verdict(Terminal::Reject),
+            Stmt::NotInSet { key, set } => {
+                let set = self.set(ctx, set, key)?;
+                let key = self.key(ctx, stmt, key)?;
+                holds(self.lookup(ctx, set, &key).is_none())
+            }
+            // The first packet of a connection: a dynamic set holds what earlier connections
+            // wrote, which the evaluator does not model (its sets are as declared, empty), so
+            // the update is an effect without a condition.
+            Stmt::UpdateSet { key, set, .. } => {
+                let declared = self.set(ctx, set, key)?;
+                if declared.kind != SetKind::Dynamic {
+                    return Err(self.unsupported(ctx, stmt, "update of a set that is not dynamic"));
+                }
+                Flow::Next
+            }
+            Stmt::RandomIs { modulus: 0, .. } => {
+                return Err(self.unsupported(ctx, stmt, "numgen modulus 0"));
+            }
+            // Forks like a numgen key: one branch per value.
+            Stmt::RandomIs { modulus, value } => holds(self.numgen(*modulus) == *value),
             Stmt::Verdict(v) => Flow::Verdict(terminal(v)),
         })
     }

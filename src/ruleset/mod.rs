@@ -171,6 +171,23 @@ pub enum Stmt {
         prefix: bool,
         negate: bool,
     },
+    /// `<key> != @set`: matches when the key is *not* in the set.
+    NotInSet {
+        key: Vec<KeyField>,
+        set: String,
+    },
+    /// `update @set { <key> timeout <secs>s }`: adds the key to a dynamic set from the packet
+    /// path, or refreshes its timeout if it is there.
+    UpdateSet {
+        key: Vec<KeyField>,
+        set: String,
+        timeout_secs: u32,
+    },
+    /// `numgen random mod <modulus> <value>`: matches with probability 1/modulus.
+    RandomIs {
+        modulus: u32,
+        value: u32,
+    },
     Verdict(Verdict),
 }
 
@@ -197,6 +214,21 @@ pub struct Set {
     pub typeof_: bool,
     /// Elements, sorted by key.
     pub elements: Vec<Element>,
+    pub kind: SetKind,
+}
+
+/// How the kernel stores a set, and who writes its elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SetKind {
+    /// A hash of exact keys, written by nodeproxy.
+    #[default]
+    Hash,
+    /// `flags interval`: key fields may be address ranges ([`Atom::Net`]); a concatenation of
+    /// ranges is stored by the kernel's pipapo backend.
+    Interval,
+    /// `flags dynamic,timeout`: elements are written from the packet path (`update`) and
+    /// expire; nodeproxy declares the set but never reads, writes or compares its elements.
+    Dynamic,
 }
 
 /// What a map's elements map to.
@@ -214,6 +246,8 @@ pub enum Atom {
     Proto(Protocol),
     Port(u16),
     Int(u32),
+    /// An address range (a CIDR), in sets with [`SetKind::Interval`].
+    Net(ipnet::IpNet),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -46,6 +46,42 @@ pub const NODEPORT_PICKS: &str = "nodeport-picks";
 /// Protocol . NodePort → `goto nodeport-local-pick-<k>` (this node's endpoints).
 pub const NODEPORT_LOCAL_PICKS: &str = "nodeport-local-picks";
 
+// loadBalancerSourceRanges (build/firewall.rs).
+pub const FILTER_PREROUTING_PRE_DNAT: &str = "filter-prerouting-pre-dnat";
+pub const FILTER_OUTPUT_PRE_DNAT: &str = "filter-output-pre-dnat";
+pub const FIREWALL_CHECK: &str = "firewall-check";
+pub const FIREWALL_IPS: &str = "firewall-ips";
+pub const FIREWALL_ALLOW: &str = "firewall-allow";
+
+// ClientIP session affinity (build/affinity.rs).
+
+/// The dynamic set of `client . service address . protocol . port` pinned to slot `i`.
+pub fn affinity_slot_set(i: usize) -> String {
+    format!("affinity-slot-{i}")
+}
+
+/// The map `service address . protocol . port` → the endpoint in slot `i`, for services with
+/// affinity.
+pub fn affinity_slot_map(i: usize) -> String {
+    format!("affinity-slot-{i}-endpoints")
+}
+
+/// The chain that pins a client to slot `i` for `timeout` seconds and DNATs to that slot.
+pub fn affinity_slot_chain(timeout: u32, i: usize) -> String {
+    format!("affinity-{timeout}s-slot-{i}")
+}
+
+/// The chain that sends a service with `k` endpoints and affinity timeout `timeout` to the
+/// client's pinned slot, or picks one at random.
+pub fn affinity_pick_chain(timeout: u32, k: usize) -> String {
+    format!("affinity-{timeout}s-pick-{k}")
+}
+
+/// Like [`affinity_pick_chain`] for NodePort traffic, which is also marked for masquerade.
+pub fn nodeport_affinity_pick_chain(timeout: u32, k: usize) -> String {
+    format!("nodeport-affinity-{timeout}s-pick-{k}")
+}
+
 /// The chain that DNATs ClusterIP traffic to one of `k` endpoints.
 pub fn pick_chain(k: usize) -> String {
     format!("pick-{k}")

@@ -3,7 +3,7 @@
 
 use super::{
     AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Ruleset,
-    Set, SetData, Stmt, Table, Verdict,
+    Set, SetData, SetKind, Stmt, Table, Verdict,
 };
 use crate::model::IpFamily;
 use std::fmt::Write as _;
@@ -57,6 +57,17 @@ fn render_set(family: IpFamily, set: &Set) -> String {
     let kind = if set.data.is_some() { "map" } else { "set" };
     let _ = writeln!(out, "\t{kind} {} {{", set.name);
     let _ = writeln!(out, "\t\t{}", set_type(family, set));
+    match set.kind {
+        SetKind::Hash => {}
+        SetKind::Interval => {
+            let _ = writeln!(out, "\t\tflags interval");
+        }
+        SetKind::Dynamic => {
+            // The kernel gives a dynamic set without a size nft's default of 65535 entries.
+            let _ = writeln!(out, "\t\tsize {DYNAMIC_SET_SIZE}");
+            let _ = writeln!(out, "\t\tflags dynamic,timeout");
+        }
+    }
     if !set.comment.is_empty() {
         let _ = writeln!(out, "\t\tcomment {}", quote(&set.comment));
     }
@@ -78,6 +89,9 @@ fn render_set(family: IpFamily, set: &Set) -> String {
     out.push_str("\t}\n");
     out
 }
+
+/// The size the kernel reports for a dynamic set created without one (nft 1.0.6 lists it).
+pub const DYNAMIC_SET_SIZE: u32 = 65535;
 
 /// How many elements nft 1.0.6 prints on one line (`calculate_delim` in nft's expression.c):
 /// two IPv4 addresses, five small scalars, otherwise one (IPv6 addresses, concatenations).
@@ -155,6 +169,15 @@ fn atom(a: &Atom) -> String {
         Atom::Proto(p) => p.keyword().to_string(),
         Atom::Port(p) => p.to_string(),
         Atom::Int(i) => i.to_string(),
+        // nft prints a single-address range as the address.
+        Atom::Net(net) => {
+            let net = net.trunc();
+            if net.prefix_len() == net.max_prefix_len() {
+                net.addr().to_string()
+            } else {
+                net.to_string()
+            }
+        }
     }
 }
 
@@ -232,6 +255,14 @@ fn priority(base: &BaseChain) -> String {
         (ChainType::Filter, _, 0) => "filter".to_string(),
         (ChainType::Nat, Hook::Prerouting, -100) => "dstnat".to_string(),
         (ChainType::Nat, Hook::Postrouting, 100) => "srcnat".to_string(),
+        (ChainType::Filter, Hook::Prerouting, p) if (-110..=-90).contains(&p) => {
+            // nft names a priority within 10 of a standard one relative to it (`dstnat - 10`).
+            match p + 100 {
+                0 => "dstnat".to_string(),
+                d if d < 0 => format!("dstnat - {}", -d),
+                d => format!("dstnat + {d}"),
+            }
+        }
         (_, _, p) => p.to_string(),
     }
 }
@@ -298,6 +329,34 @@ pub fn stmt(family: IpFamily, s: &Stmt) -> String {
             let star = if *prefix { "*" } else { "" };
             format!("iifname {op}{}", quote(&format!("{name}{star}")))
         }
+        Stmt::NotInSet { key, set } => format!("{} != @{set}", key_exprs(family, key)),
+        Stmt::UpdateSet {
+            key,
+            set,
+            timeout_secs,
+        } => format!(
+            "update @{set} {{ {} timeout {} }}",
+            key_exprs(family, key),
+            duration(*timeout_secs)
+        ),
+        Stmt::RandomIs { modulus, value } => format!("numgen random mod {modulus} {value}"),
         Stmt::Verdict(v) => verdict(v),
     }
+}
+
+/// A duration as nft prints it: `3h`, `1m30s`, `2d`, `0s`.
+pub fn duration(secs: u32) -> String {
+    if secs == 0 {
+        return "0s".to_string();
+    }
+    let mut out = String::new();
+    let mut rest = secs;
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)] {
+        let n = rest / len;
+        rest %= len;
+        if n > 0 {
+            let _ = write!(out, "{n}{unit}");
+        }
+    }
+    out
 }

@@ -44,6 +44,7 @@ fn set(
         data,
         typeof_,
         elements,
+        kind: SetKind::Hash,
     }
 }
 
@@ -106,7 +107,47 @@ pub fn table(family: IpFamily) -> Table {
     let svc3 = |addr: &str, p: Protocol, port: u16| {
         vec![Atom::Addr(ip(addr)), Atom::Proto(p), Atom::Port(port)]
     };
+    let mut firewall_allow = set(
+        "firewall-allow",
+        "LB IP . protocol . port . allowed source range",
+        vec![Daddr, L4Proto, ThDport, Saddr],
+        None,
+        false,
+        match family {
+            IpFamily::V4 => ["10.0.0.0/8", "192.0.2.0/24", "198.51.100.7"],
+            IpFamily::V6 => ["fd00::/48", "2001:db8:1000::/36", "2001:db8::7"],
+        }
+        .iter()
+        .map(|n| {
+            let mut k = svc3(a, Protocol::Tcp, 80);
+            k.push(Atom::Net(
+                n.parse().unwrap_or_else(|_| ipnet::IpNet::from(ip(n))),
+            ));
+            elem(k, None, Some(api.clone()))
+        })
+        .collect(),
+    );
+    firewall_allow.kind = SetKind::Interval;
+    let mut pins = set(
+        "affinity-slot-0",
+        "pinned clients",
+        vec![Saddr, Daddr, L4Proto, ThDport],
+        None,
+        true,
+        vec![],
+    );
+    pins.kind = SetKind::Dynamic;
     let sets = vec![
+        set(
+            "firewall-ips",
+            "",
+            vec![Daddr, L4Proto, ThDport],
+            None,
+            false,
+            vec![elem(svc3(a, Protocol::Tcp, 80), None, Some(api.clone()))],
+        ),
+        firewall_allow,
+        pins,
         set(
             "cluster-ips",
             "ClusterIPs of all services",
@@ -280,6 +321,66 @@ pub fn table(family: IpFamily) -> Table {
     }]);
     let chains = vec![
         chain(
+            "firewall-check",
+            "",
+            None,
+            vec![vec![
+                Stmt::InSet {
+                    key: vec![Daddr, L4Proto, ThDport],
+                    set: "firewall-ips".into(),
+                },
+                Stmt::NotInSet {
+                    key: vec![Daddr, L4Proto, ThDport, Saddr],
+                    set: "firewall-allow".into(),
+                },
+                Stmt::Verdict(Verdict::Drop),
+            ]],
+        ),
+        chain(
+            "filter-output-pre-dnat",
+            "",
+            Some((ChainType::Filter, Hook::Output, -110)),
+            vec![vec![Stmt::CtStateNew, jump("firewall-check")]],
+        ),
+        chain(
+            "affinity-2s-slot-0",
+            "",
+            None,
+            vec![
+                vec![Stmt::UpdateSet {
+                    key: vec![Saddr, Daddr, L4Proto, ThDport],
+                    set: "affinity-slot-0".into(),
+                    timeout_secs: 2,
+                }],
+                vec![Stmt::UpdateSet {
+                    key: vec![Saddr, Daddr, L4Proto, ThDport],
+                    set: "affinity-slot-0".into(),
+                    timeout_secs: 10800,
+                }],
+            ],
+        ),
+        chain(
+            "affinity-2s-pick-3",
+            "",
+            None,
+            vec![
+                vec![
+                    Stmt::InSet {
+                        key: vec![Saddr, Daddr, L4Proto, ThDport],
+                        set: "affinity-slot-0".into(),
+                    },
+                    Stmt::Verdict(Verdict::Goto("affinity-2s-slot-0".into())),
+                ],
+                vec![
+                    Stmt::RandomIs {
+                        modulus: 3,
+                        value: 0,
+                    },
+                    Stmt::Verdict(Verdict::Goto("affinity-2s-slot-0".into())),
+                ],
+            ],
+        ),
+        chain(
             "nat-prerouting",
             "DNAT of service traffic",
             Some((ChainType::Nat, Hook::Prerouting, -100)),
@@ -313,7 +414,7 @@ pub fn table(family: IpFamily) -> Table {
             "filter-prerouting",
             "",
             Some((ChainType::Filter, Hook::Prerouting, -110)),
-            vec![],
+            vec![vec![Stmt::CtStateNew, jump("firewall-check")]],
         ),
         chain(
             "services",

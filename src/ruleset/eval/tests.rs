@@ -311,6 +311,7 @@ fn verdict_map(name: &str, elems: Vec<(Vec<Atom>, Verdict)>) -> Set {
         key: vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport],
         data: Some(SetData::Verdict),
         typeof_: false,
+        kind: Default::default(),
         elements: elems
             .into_iter()
             .map(|(key, v)| Element {
@@ -382,6 +383,7 @@ fn dnat_map(name: &str, targets: &[&str]) -> Set {
         key: vec![KeyField::Numgen { modulus: k }],
         data: Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
         typeof_: true,
+        kind: Default::default(),
         elements: targets
             .iter()
             .enumerate()
@@ -487,6 +489,7 @@ fn nested_numgens_enumerate_every_combination() {
         key: vec![KeyField::Numgen { modulus: 2 }],
         data: Some(SetData::Verdict),
         typeof_: true,
+        kind: Default::default(),
         elements: (0..2)
             .map(|slot| Element {
                 key: pick(slot),
@@ -670,4 +673,124 @@ fn a_packet_mixing_families_is_refused_and_other_family_tables_are_ignored() {
     p.src = ip("2001:db8::2");
     let t = evaluate(&rs, &[], p).unwrap();
     assert_eq!(t.fate(), Some(Fate::Accept));
+}
+
+fn range_set(name: &str, source: &str) -> Set {
+    Set {
+        name: name.into(),
+        comment: String::new(),
+        key: vec![
+            KeyField::Daddr,
+            KeyField::L4Proto,
+            KeyField::ThDport,
+            KeyField::Saddr,
+        ],
+        data: None,
+        typeof_: false,
+        elements: vec![Element {
+            key: vec![
+                Atom::Addr(ip("203.0.113.20")),
+                Atom::Proto(Protocol::Tcp),
+                Atom::Port(80),
+                Atom::Net(source.parse().unwrap()),
+            ],
+            data: None,
+            comment: None,
+            origin: None,
+        }],
+        kind: SetKind::Interval,
+    }
+}
+
+#[test]
+fn a_negated_lookup_in_an_interval_set_matches_sources_outside_the_ranges() {
+    let check = vec![vec![
+        Stmt::NotInSet {
+            key: vec![
+                KeyField::Daddr,
+                KeyField::L4Proto,
+                KeyField::ThDport,
+                KeyField::Saddr,
+            ],
+            set: "allow".into(),
+        },
+        Stmt::Verdict(Verdict::Drop),
+    ]];
+    // The packet's source 198.51.100.10 is inside 198.51.100.0/24: not dropped.
+    let rs = ruleset(
+        vec![pre(check.clone())],
+        vec![range_set("allow", "198.51.100.0/24")],
+    );
+    assert_eq!(
+        eval(&rs, Origin::External).unwrap().fate(),
+        Some(Fate::Accept)
+    );
+    // Outside 192.0.2.0/24: dropped.
+    let rs = ruleset(vec![pre(check)], vec![range_set("allow", "192.0.2.0/24")]);
+    assert_eq!(
+        eval(&rs, Origin::External).unwrap().fate(),
+        Some(Fate::Drop)
+    );
+}
+
+#[test]
+fn an_update_of_a_dynamic_set_goes_on_and_its_set_starts_empty() {
+    let pin_key = vec![
+        KeyField::Saddr,
+        KeyField::Daddr,
+        KeyField::L4Proto,
+        KeyField::ThDport,
+    ];
+    let pins = Set {
+        name: "pins".into(),
+        comment: String::new(),
+        key: pin_key.clone(),
+        data: None,
+        typeof_: true,
+        elements: vec![],
+        kind: SetKind::Dynamic,
+    };
+    let rs = ruleset(
+        vec![pre(vec![
+            // No connection was seen before: the client has no pin.
+            vec![
+                Stmt::InSet {
+                    key: pin_key.clone(),
+                    set: "pins".into(),
+                },
+                Stmt::Verdict(Verdict::Drop),
+            ],
+            vec![
+                Stmt::UpdateSet {
+                    key: pin_key,
+                    set: "pins".into(),
+                    timeout_secs: 2,
+                },
+                Stmt::Verdict(Verdict::Accept),
+            ],
+        ])],
+        vec![pins],
+    );
+    assert_eq!(
+        eval(&rs, Origin::External).unwrap().fate(),
+        Some(Fate::Accept)
+    );
+}
+
+#[test]
+fn a_random_match_forks_into_a_branch_per_value() {
+    // numgen random mod 3 0 drop: one branch of three drops.
+    let rs = ruleset(
+        vec![pre(vec![vec![
+            Stmt::RandomIs {
+                modulus: 3,
+                value: 0,
+            },
+            Stmt::Verdict(Verdict::Drop),
+        ]])],
+        vec![],
+    );
+    let t = eval(&rs, Origin::External).unwrap();
+    let fates: Vec<Fate> = t.branches.iter().map(|b| b.fate).collect();
+    assert_eq!(fates, vec![Fate::Drop, Fate::Accept, Fate::Accept]);
 }

@@ -1,0 +1,174 @@
+//! Traffic tests of loadBalancerSourceRanges and ClientIP session affinity: nodeproxy programs
+//! node-a of the namespace lab (`tests/lab`), real clients check who answers.
+
+// Test code: a failed precondition must panic to fail the test.
+#![allow(clippy::panic, clippy::expect_used, clippy::unwrap_used)]
+
+mod lab;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use lab::{Lab, Ns, Proto, describe};
+
+const NODEPROXY: &str = env!("CARGO_BIN_EXE_nodeproxy");
+const CLUSTER_CIDR: &str = "198.51.100.0/24,2001:db8:a::/47";
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/tests/fixtures/traffic/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Programs node-a once from `nodes.yaml` and `file`.
+fn program_node_a(lab: &Lab, file: &str) {
+    let nodes = fixture("nodes.yaml");
+    let file = fixture(file);
+    let args = [
+        "timeout",
+        "30",
+        NODEPROXY,
+        "--once",
+        "--hostname-override",
+        "node-a",
+        "--cluster-cidr",
+        CLUSTER_CIDR,
+        "--from-file",
+        &nodes,
+        "--from-file",
+        &file,
+    ];
+    let out = lab.exec(Ns::NodeA, &args);
+    assert!(out.status.success(), "nodeproxy failed: {}", describe(&out));
+}
+
+fn ruleset(lab: &Lab) -> String {
+    format!("\n=== node-a ===\n{}", lab.ruleset(Ns::NodeA))
+}
+
+/// The server that answered each of `count` requests (failing the test on any error).
+fn answers(lab: &Lab, from: Ns, addr: IpAddr, port: u16, count: usize) -> Vec<String> {
+    (0..count)
+        .map(|i| match lab.request(from, Proto::Tcp, addr, port) {
+            Ok((name, _)) => name,
+            Err(e) => panic!(
+                "request {i} from {} to {addr}:{port} failed: {e}{}",
+                from.role(),
+                ruleset(lab)
+            ),
+        })
+        .collect()
+}
+
+fn distinct(names: &[String]) -> BTreeSet<String> {
+    names.iter().cloned().collect()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("valid IP literal")
+}
+
+/// Three endpoints of default/sticky, each answering with its name.
+fn sticky_lab() -> Lab {
+    let mut lab = Lab::new();
+    lab.spawn_server(Ns::PodA1, Proto::Tcp, 8080, "a1");
+    lab.spawn_server(Ns::PodA2, Proto::Tcp, 8080, "a2");
+    lab.spawn_server(Ns::PodB1, Proto::Tcp, 8080, "b1");
+    lab
+}
+
+#[test]
+fn client_ip_affinity_pins_each_client_and_turning_it_off_spreads_again() {
+    let lab = sticky_lab();
+    program_node_a(&lab, "affinity.yaml");
+    let node_port = Ns::NodeA.addr(false);
+    // 10 connections from one client all reach one endpoint, through the NodePort…
+    let first = answers(&lab, Ns::Client, node_port, 30100, 10);
+    assert_eq!(
+        distinct(&first).len(),
+        1,
+        "client → NodePort: {first:?}{}",
+        ruleset(&lab)
+    );
+    // …and another client is pinned too (maybe to another endpoint).
+    let second = answers(&lab, Ns::NodeB, node_port, 30100, 10);
+    assert_eq!(distinct(&second).len(), 1, "node-b → NodePort: {second:?}");
+    // Through the ClusterIP from the node itself (output path).
+    let local = answers(&lab, Ns::NodeA, ip("203.0.113.60"), 80, 10);
+    assert_eq!(distinct(&local).len(), 1, "node-a → ClusterIP: {local:?}");
+
+    // Affinity off on the live service: new connections spread over the endpoints again
+    // (all 20 on one of 3 endpoints: probability 3^-19).
+    program_node_a(&lab, "affinity-off.yaml");
+    let spread = answers(&lab, Ns::Client, node_port, 30100, 20);
+    assert!(
+        distinct(&spread).len() >= 2,
+        "affinity off, still pinned: {spread:?}{}",
+        ruleset(&lab)
+    );
+    // And on again: pinned again.
+    program_node_a(&lab, "affinity.yaml");
+    let again = answers(&lab, Ns::Client, node_port, 30100, 10);
+    assert_eq!(distinct(&again).len(), 1, "affinity on again: {again:?}");
+}
+
+#[test]
+fn client_ip_affinity_expires_after_its_timeout() {
+    let lab = sticky_lab();
+    program_node_a(&lab, "affinity-short.yaml");
+    let node_port = Ns::NodeA.addr(false);
+    // Within the 2 s timeout, every connection refreshes the pin: one endpoint.
+    let quick = answers(&lab, Ns::Client, node_port, 30100, 5);
+    assert_eq!(distinct(&quick).len(), 1, "{quick:?}{}", ruleset(&lab));
+    // After the timeout the pin is gone and the next connection picks anew: over 8 rounds the
+    // endpoint must change at least once (all equal: probability 3^-7).
+    let mut seen = vec![quick[0].clone()];
+    for _ in 0..7 {
+        std::thread::sleep(Duration::from_millis(2300));
+        let round = answers(&lab, Ns::Client, node_port, 30100, 2);
+        assert_eq!(distinct(&round).len(), 1, "within a round: {round:?}");
+        seen.push(round[0].clone());
+    }
+    assert!(
+        distinct(&seen).len() >= 2,
+        "the pin never expired: {seen:?}{}",
+        ruleset(&lab)
+    );
+}
+
+#[test]
+fn lb_source_ranges_admit_listed_sources_and_drop_others_while_the_node_port_stays_open() {
+    let mut lab = Lab::new();
+    // The LB IP lands on node-a (as an L2 load balancer would announce it). Until LB IPs are
+    // DNATed by nodeproxy, a server on node-a itself answers on it; either answer proves the
+    // packet passed the pre-DNAT filter.
+    lab.add_lan_address(Ns::NodeA, "192.0.2.50/24");
+    lab.spawn_server(Ns::NodeA, Proto::Tcp, 80, "node-a-lb");
+    lab.spawn_server(Ns::PodA2, Proto::Tcp, 8080, "a2");
+    let lb = ip("192.0.2.50");
+    // Control: before nodeproxy runs, node-b reaches the address, so a timeout below is the
+    // filter's doing.
+    assert_eq!(
+        answers(&lab, Ns::NodeB, lb, 80, 1),
+        vec!["node-a-lb".to_string()]
+    );
+    program_node_a(&lab, "source-ranges.yaml");
+    // Allowed source: the external client, 192.0.2.100/32.
+    let allowed = answers(&lab, Ns::Client, lb, 80, 3);
+    assert!(!allowed.is_empty());
+    // Not allowed: node-b (192.0.2.12). Dropped silently, so the client times out.
+    let got = lab.request(Ns::NodeB, Proto::Tcp, lb, 80);
+    assert_eq!(
+        got,
+        Err("timeout".to_string()),
+        "node-b reached the LB IP{}",
+        ruleset(&lab)
+    );
+    // The NodePort is not filtered: both reach the endpoint.
+    for from in [Ns::Client, Ns::NodeB] {
+        let got = answers(&lab, from, Ns::NodeA.addr(false), 30110, 2);
+        assert_eq!(distinct(&got), BTreeSet::from(["a2".to_string()]));
+    }
+}
