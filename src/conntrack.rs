@@ -27,8 +27,7 @@ use netlink_packet_netfilter::conntrack::{
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
-use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
-use nix::sys::socket::{setsockopt, sockopt};
+use netlink_sys::Socket;
 
 use crate::model::IpFamily;
 use crate::nft::msg::{Attrs, NLA_TYPE_MASK, NLMSG_DONE, NLMSG_ERROR, messages};
@@ -286,21 +285,13 @@ fn doomed_of(attrs: Vec<ConntrackAttribute>) -> Option<Doomed> {
 
 impl Ctnetlink {
     fn open() -> Result<Ctnetlink, ConntrackError> {
-        let mut sock =
-            Socket::new(NETLINK_NETFILTER).map_err(io_err("open netfilter netlink socket"))?;
-        sock.bind_auto().map_err(io_err("bind netlink socket"))?;
-        // Errors echo only the failing request's header.
-        sock.set_cap_ack(true)
-            .map_err(io_err("set NETLINK_CAP_ACK"))?;
-        let tv = nix::sys::time::TimeVal::new(RECV_TIMEOUT.as_secs() as i64, 0);
-        setsockopt(&sock, sockopt::ReceiveTimeout, &tv).map_err(|e| ConntrackError::Io {
-            context: "set SO_RCVTIMEO".into(),
-            source: e.into(),
-        })?;
-        let seq = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as u32)
-            .unwrap_or(1);
+        let (sock, seq) =
+            crate::nft::netlink::open_socket(RECV_TIMEOUT).map_err(|(context, source)| {
+                ConntrackError::Io {
+                    context: context.into(),
+                    source,
+                }
+            })?;
         Ok(Ctnetlink {
             sock,
             seq,

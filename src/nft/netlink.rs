@@ -469,6 +469,26 @@ fn elem_at_offset(batch: &[u8], msg_start: usize, offset: u32) -> Option<usize> 
     None
 }
 
+/// Opens a bound `NETLINK_NETFILTER` socket with a receive timeout (a reply that never comes
+/// must not hang the caller) and `NETLINK_CAP_ACK` (errors echo only the failing message's
+/// header, not the whole message), plus an initial sequence number. Shared by the nftables
+/// writer and the conntrack reconciler.
+pub fn open_socket(recv_timeout: Duration) -> Result<(Socket, u32), (&'static str, io::Error)> {
+    let mut sock =
+        Socket::new(NETLINK_NETFILTER).map_err(|e| ("open netfilter netlink socket", e))?;
+    sock.bind_auto().map_err(|e| ("bind netlink socket", e))?;
+    sock.set_cap_ack(true)
+        .map_err(|e| ("set NETLINK_CAP_ACK", e))?;
+    let secs = i64::try_from(recv_timeout.as_secs()).unwrap_or(i64::MAX);
+    let tv = nix::sys::time::TimeVal::new(secs, 0);
+    setsockopt(&sock, sockopt::ReceiveTimeout, &tv).map_err(|e| ("set SO_RCVTIMEO", e.into()))?;
+    let seq = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(1);
+    Ok((sock, seq))
+}
+
 /// The netlink backend.
 pub struct NetlinkKernel {
     sock: Socket,
@@ -478,25 +498,14 @@ pub struct NetlinkKernel {
 
 impl NetlinkKernel {
     pub fn new() -> Result<NetlinkKernel, NftError> {
-        let mut sock =
-            Socket::new(NETLINK_NETFILTER).map_err(io_err("open netfilter netlink socket"))?;
-        sock.bind_auto().map_err(io_err("bind netlink socket"))?;
+        let (sock, seq) = open_socket(RECV_TIMEOUT).map_err(|(context, source)| NftError::Io {
+            context: context.into(),
+            source,
+        })?;
         sock.set_ext_ack(true)
             .map_err(io_err("set NETLINK_EXT_ACK"))?;
-        // Errors then echo only the failing message's header, not the whole message.
-        sock.set_cap_ack(true)
-            .map_err(io_err("set NETLINK_CAP_ACK"))?;
         // Room for many error replies and for dump batches.
         let _ = setsockopt(&sock, sockopt::RcvBufForce, &(8 << 20));
-        let tv = nix::sys::time::TimeVal::new(RECV_TIMEOUT.as_secs() as i64, 0);
-        setsockopt(&sock, sockopt::ReceiveTimeout, &tv).map_err(|e| NftError::Io {
-            context: "set SO_RCVTIMEO".into(),
-            source: e.into(),
-        })?;
-        let seq = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as u32)
-            .unwrap_or(1);
         Ok(NetlinkKernel {
             sock,
             seq,
