@@ -35,8 +35,8 @@ fn changes_wait_for_min_sync_period_and_do_not_verify() {
     s.changed();
     s.changed();
     assert_eq!(s.due(t0 + 10 * MS), t0 + 100 * MS);
-    // Long after: at once.
-    assert_eq!(s.due(t0 + 500 * MS), t0 + 500 * MS);
+    // Long after: already due (a deadline in the past fires at once).
+    assert!(s.due(t0 + 500 * MS) <= t0 + 500 * MS);
     assert!(!s.start(t0 + 500 * MS));
 }
 
