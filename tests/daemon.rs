@@ -369,3 +369,41 @@ fn sigterm_exits_0_and_leaves_the_rules() {
         drop(env);
     });
 }
+
+#[test]
+fn dry_run_without_files_reads_the_api_server() {
+    in_netns(|| {
+        let env = Env::new("dryrun");
+        env.populate();
+        let out_path = env.dir.join("dry-run.out");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+            .arg("--dry-run")
+            .arg("--kubeconfig")
+            .arg(env.api.kubeconfig())
+            .args(["--hostname-override", NODE])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("--dry-run against the API server did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status:?}");
+        let printed = std::fs::read_to_string(&out_path).unwrap();
+        assert!(printed.contains("table ip nodeproxy"), "{printed}");
+        assert!(printed.contains("10.96.0.10"), "{printed}");
+        assert!(printed.contains("10.244.0.5"), "{printed}");
+        assert!(table().is_none(), "--dry-run programmed the kernel");
+        drop(env);
+    });
+}
