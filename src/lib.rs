@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod config;
 pub mod conntrack;
+pub mod daemon;
 pub mod explain;
 pub mod health;
 pub mod http;

@@ -132,27 +132,37 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             tracing::info!("{report}; peak RSS {} KiB", peak_rss_kib());
             Ok(())
         }
-        Mode::Run => Err(UsageError(anyhow::anyhow!(
-            "watching the API server is not implemented in this version: use --dry-run, --once \
-             or --cleanup with --from-file"
-        ))
-        .into()),
+        Mode::Run => {
+            if !config.from_file.is_empty() {
+                return Err(UsageError(anyhow::anyhow!(
+                    "--from-file is for --dry-run, --once and explain; the daemon watches the \
+                     API server (--kubeconfig, --master or in-cluster)"
+                ))
+                .into());
+            }
+            nodeproxy::daemon::run(config).map_err(|e| match e {
+                nodeproxy::daemon::DaemonError::Config(c) => UsageError(c.into()).into(),
+                other => anyhow::Error::from(other),
+            })
+        }
     }
 }
 
 /// Loads the cluster objects and resolves the settings the ruleset is built with, reporting
 /// every rejected or ignored object and every likely configuration mistake.
 fn desired_inputs(config: &config::Config) -> anyhow::Result<(ClusterState, Settings)> {
-    if config.from_file.is_empty() {
-        return Err(UsageError(anyhow::anyhow!(
-            "no input: give --from-file (watching the API server is not implemented in this version)"
-        ))
-        .into());
-    }
     let started = std::time::Instant::now();
-    let loaded = source::file::load_files(&config.from_file).map_err(|e| UsageError(e.into()))?;
+    let (loaded, from) = if config.from_file.is_empty() {
+        // No files: the API server, read once through the same watches the daemon uses.
+        let loaded = nodeproxy::daemon::fetch(config).context("reading the API server")?;
+        (loaded, "the API server")
+    } else {
+        let loaded =
+            source::file::load_files(&config.from_file).map_err(|e| UsageError(e.into()))?;
+        (loaded, "the input files")
+    };
     tracing::info!(
-        "read {} service(s), {} endpoint slice(s), {} node(s) in {:.1} ms ({} rejected, {} ignored)",
+        "read {} service(s), {} endpoint slice(s), {} node(s) from {from} in {:.1} ms ({} rejected, {} ignored)",
         loaded.state.services.len(),
         loaded.state.slices.len(),
         loaded.state.nodes.len(),

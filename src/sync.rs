@@ -38,6 +38,8 @@ pub struct SyncOutcome {
     /// Objects found in the kernel that differed from what was last applied (only known on a
     /// verification pass): someone else changed our table.
     pub drift_repaired: bool,
+    /// The families whose tables were found changed and repaired (see `drift_repaired`).
+    pub drift_families: Vec<IpFamily>,
     /// Services excluded from the ruleset, with the kernel's reason.
     pub quarantined: Vec<(ServiceName, String)>,
     pub duration: Duration,
@@ -190,6 +192,9 @@ impl<K: Kernel> Syncer<K> {
             let t = Instant::now();
             let want = nft::lower_owned(table)?;
             rep.lower += t.elapsed();
+            // Drift is a difference from what this process itself applied and still trusts; a
+            // difference found on start-up or after a failure is not someone else's doing.
+            let trusted = matches!(self.applied.get(&family), Some(Some(_)));
             let known = if verify {
                 None
             } else {
@@ -212,8 +217,9 @@ impl<K: Kernel> Syncer<K> {
             if plan.is_empty() {
                 rep.empty_plans += 1;
             } else {
-                if verify && have.is_some() {
+                if verify && trusted {
                     outcome.drift_repaired = true;
+                    outcome.drift_families.push(family);
                 }
                 rep.elements_added += plan.elements_added();
                 rep.elements_removed += plan.elements_removed();

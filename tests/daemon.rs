@@ -1,0 +1,409 @@
+//! The real binary as a daemon against the fake API server, each test in its own network
+//! namespace: nothing is programmed before the watches have listed, changes reach the kernel,
+//! an API outage changes nothing, drift is repaired, one instance per lock file, SIGTERM leaves
+//! the rules, and the health and metrics endpoints answer.
+//!
+//! The test thread enters a new network namespace, starts the fake API on its loopback, and
+//! spawns the binary, which inherits the namespace: the kernel state every test looks at is its
+//! own, and tests run in parallel.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod fakeapi;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::netns::in_netns;
+use fakeapi::{FakeApi, Kind, node, service, slice};
+
+const NODE: &str = "node-a";
+const SYNC_PERIOD: Duration = Duration::from_secs(2);
+/// Every wait is bounded by this.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A test's namespace: loopback up, a runtime for the fake API, a scratch directory.
+struct Env {
+    rt: tokio::runtime::Runtime,
+    api: FakeApi,
+    dir: PathBuf,
+}
+
+impl Env {
+    /// Must run on the namespace's thread (see [`in_netns`]).
+    fn new(test: &str) -> Env {
+        let out = Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip link set lo up: {out:?}");
+        // Worker threads are created here, so they live in the namespace too.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let api = rt.block_on(FakeApi::start());
+        let dir = std::env::temp_dir().join(format!(
+            "nodeproxy-daemon-test-{}-{test}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Env { rt, api, dir }
+    }
+
+    /// The objects every test starts from: one Service with one endpoint, and our Node.
+    fn populate(&self) {
+        self.api.apply(Kind::Node, node(NODE, "192.0.2.10"));
+        self.api
+            .apply(Kind::Service, service("ns", "web", "10.96.0.10", 81));
+        self.api.apply(
+            Kind::EndpointSlice,
+            slice("ns", "web-1", "web", &["10.244.0.5"], 9376),
+        );
+    }
+
+    fn start(&self, name: &str) -> Daemon {
+        Daemon::start(self, name)
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A free port on 127.0.0.1 in the current namespace (racy in principle; nothing else binds in
+/// a fresh namespace).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The binary running as a daemon; killed on drop, with its log printed when the test failed.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+    healthz: u16,
+    metrics: u16,
+}
+
+impl Daemon {
+    fn start(env: &Env, name: &str) -> Daemon {
+        let log = env.dir.join(format!("{name}.log"));
+        let (healthz, metrics) = (free_port(), free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+            .arg("--kubeconfig")
+            .arg(env.api.kubeconfig())
+            .args(["--hostname-override", NODE])
+            .arg("--lock-file")
+            .arg(env.dir.join("nodeproxy.lock"))
+            .args(["--healthz-bind-address", &format!("127.0.0.1:{healthz}")])
+            .args(["--metrics-bind-address", &format!("127.0.0.1:{metrics}")])
+            .args(["--sync-period", "2s", "--min-sync-period", "100ms"])
+            .env("NODEPROXY_LOG", "nodeproxy=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            log,
+            healthz,
+            metrics,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit, at most `PATIENCE`.
+    fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not exit; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- daemon log {} ---\n{}", self.log.display(), self.log());
+        }
+    }
+}
+
+/// `nft list table ip nodeproxy`, or `None` when the table does not exist.
+fn table() -> Option<String> {
+    let out = Command::new("nft")
+        .args(["list", "table", "ip", "nodeproxy"])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Polls `cond` until it holds, failing with `what` (and the table) after `limit`.
+fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}; table:\n{}",
+            table().unwrap_or_else(|| "(none)".into())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn table_has(text: &str) -> bool {
+    table().is_some_and(|t| t.contains(text))
+}
+
+/// A GET on 127.0.0.1:`port`; returns the status code and the body.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+#[test]
+fn programs_only_once_the_watches_listed_then_follows_changes() {
+    in_netns(|| {
+        let env = Env::new("follow");
+        env.populate();
+        env.api.hold(Kind::EndpointSlice);
+        let d = env.start("daemon");
+        // The Services and the Node are listed, the slices are not: nothing may be written.
+        wait_until("the Service list was served", PATIENCE, || {
+            env.api.count(Kind::Service, false) > 0
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(
+            table().is_none(),
+            "a table was programmed before the watches were ready"
+        );
+        // kube-proxy's semantics: healthy until a queued change is older than the health
+        // timeout, but never synced (Go's zero time) until the first sync.
+        let (_, body) = get(d.healthz, "/healthz").expect("healthz answers before the first sync");
+        assert!(body.contains("0001-01-01T00:00:00Z"), "{body}");
+
+        env.api.release(Kind::EndpointSlice);
+        wait_until("the Service is programmed", PATIENCE, || {
+            table_has("10.96.0.10") && table_has("10.244.0.5")
+        });
+        wait_until("/healthz answers 200 with a sync time", PATIENCE, || {
+            get(d.healthz, "/healthz")
+                .is_some_and(|(c, body)| c == 200 && !body.contains("0001-01-01T00:00:00Z"))
+        });
+        let (code, body) = get(d.metrics, "/metrics").unwrap();
+        assert_eq!(code, 200);
+        assert!(
+            body.contains("kubeproxy_sync_proxy_rules_duration_seconds"),
+            "{body}"
+        );
+
+        // Modify the Service's port, the slice's endpoints; add a second Service.
+        env.api
+            .apply(Kind::Service, service("ns", "web", "10.96.0.10", 82));
+        wait_until("the new port is programmed", PATIENCE, || {
+            table().is_some_and(|t| t.contains(" 82 ") && !t.contains(" 81 "))
+        });
+        env.api.apply(
+            Kind::EndpointSlice,
+            slice("ns", "web-1", "web", &["10.244.0.6", "10.244.0.7"], 9376),
+        );
+        wait_until("the new endpoints replace the old", PATIENCE, || {
+            table().is_some_and(|t| {
+                t.contains("10.244.0.6") && t.contains("10.244.0.7") && !t.contains("10.244.0.5")
+            })
+        });
+        env.api
+            .apply(Kind::Service, service("ns", "db", "10.96.0.20", 5432));
+        wait_until("the second Service is programmed", PATIENCE, || {
+            table_has("10.96.0.20")
+        });
+
+        // Deletes.
+        env.api.delete(Kind::EndpointSlice, "ns", "web-1");
+        wait_until("the endpoints are gone", PATIENCE, || {
+            table().is_some_and(|t| !t.contains("10.244.0.6"))
+        });
+        env.api.delete(Kind::Service, "ns", "web");
+        wait_until("the Service is gone", PATIENCE, || {
+            table().is_some_and(|t| !t.contains("10.96.0.10") && t.contains("10.96.0.20"))
+        });
+        drop(d);
+        drop(env);
+    });
+}
+
+#[test]
+fn api_outage_changes_nothing_and_drift_is_repaired() {
+    in_netns(|| {
+        let env = Env::new("outage");
+        env.populate();
+        let d = env.start("daemon");
+        wait_until("the Service is programmed", PATIENCE, || {
+            table_has("10.96.0.10")
+        });
+        let before = table().unwrap();
+
+        env.api.go_down();
+        // Several sync periods, each a verification against the last good state.
+        std::thread::sleep(SYNC_PERIOD * 3);
+        assert_eq!(
+            table().as_deref(),
+            Some(before.as_str()),
+            "rules changed while the API server was down"
+        );
+
+        // Someone deletes our table: repaired within one sync period (plus the sync itself).
+        common::netns::nft(&["delete", "table", "ip", "nodeproxy"]);
+        assert!(table().is_none());
+        wait_until(
+            "the deleted table is back",
+            SYNC_PERIOD + Duration::from_secs(2),
+            || table_has("10.96.0.10"),
+        );
+        assert_eq!(table().as_deref(), Some(before.as_str()));
+        wait_until("the repair is counted", PATIENCE, || {
+            get(d.metrics, "/metrics").is_some_and(|(_, b)| {
+                b.contains("nodeproxy_drift_repairs_total{ip_family=\"IPv4\"} 1")
+            })
+        });
+
+        // The API comes back, and changes flow again.
+        env.rt.block_on(env.api.come_back());
+        env.api
+            .apply(Kind::Service, service("ns", "db", "10.96.0.20", 5432));
+        wait_until("a change after the outage is programmed", PATIENCE, || {
+            table_has("10.96.0.20")
+        });
+        drop(d);
+        drop(env);
+    });
+}
+
+#[test]
+fn a_second_instance_exits_1_naming_the_holder() {
+    in_netns(|| {
+        let env = Env::new("lock");
+        env.populate();
+        let first = env.start("first");
+        wait_until("the first instance programmed", PATIENCE, || {
+            table_has("10.96.0.10")
+        });
+        let mut second = env.start("second");
+        let status = second.wait_exit();
+        assert_eq!(status.code(), Some(1), "log:\n{}", second.log());
+        let log = second.log();
+        assert!(
+            log.contains(&format!("pid {}", first.pid())),
+            "the error does not name the holder's pid {}:\n{log}",
+            first.pid()
+        );
+        drop(second);
+        drop(first);
+        drop(env);
+    });
+}
+
+#[test]
+fn sigterm_exits_0_and_leaves_the_rules() {
+    in_netns(|| {
+        let env = Env::new("sigterm");
+        env.populate();
+        let mut d = env.start("daemon");
+        wait_until("the Service is programmed", PATIENCE, || {
+            table_has("10.96.0.10")
+        });
+        let before = table().unwrap();
+        let sent = Command::new("kill")
+            .args(["-TERM", &d.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = d.wait_exit();
+        assert_eq!(status.code(), Some(0), "log:\n{}", d.log());
+        assert_eq!(table().as_deref(), Some(before.as_str()));
+        drop(d);
+        drop(env);
+    });
+}
+
+#[test]
+fn dry_run_without_files_reads_the_api_server() {
+    in_netns(|| {
+        let env = Env::new("dryrun");
+        env.populate();
+        let out_path = env.dir.join("dry-run.out");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+            .arg("--dry-run")
+            .arg("--kubeconfig")
+            .arg(env.api.kubeconfig())
+            .args(["--hostname-override", NODE])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("--dry-run against the API server did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status:?}");
+        let printed = std::fs::read_to_string(&out_path).unwrap();
+        assert!(printed.contains("table ip nodeproxy"), "{printed}");
+        assert!(printed.contains("10.96.0.10"), "{printed}");
+        assert!(printed.contains("10.244.0.5"), "{printed}");
+        assert!(table().is_none(), "--dry-run programmed the kernel");
+        drop(env);
+    });
+}
