@@ -516,6 +516,8 @@ fn ipv6_paths() {
 #[test]
 fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
     let mut checked = 0;
+    let mut external_checked = 0;
+    let mut filtered_checked = 0;
     for b in all_fixtures() {
         let slices = b.state.slices_by_service();
         let node = b.state.nodes.get(&b.settings.node_name);
@@ -610,6 +612,44 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                         }
                     }
                     checked += 1;
+                    // External and LoadBalancer IPs from an off-cluster client: the external
+                    // policy's endpoints, masqueraded unless that policy is Local; an LB IP of a
+                    // service with loadBalancerSourceRanges drops sources outside them (before
+                    // DNAT), external IPs are never filtered.
+                    let vips = svc
+                        .external_ips
+                        .iter()
+                        .map(|ip| (*ip, false))
+                        .chain(svc.load_balancer_ips.iter().map(|ip| (*ip, true)))
+                        .filter(|(ip, _)| IpFamily::of(ip) == family);
+                    for (vip, is_lb) in vips {
+                        let t = eval(pkt(outside_src, SocketAddr::new(vip, port.port), External));
+                        let filtered = is_lb
+                            && !svc.load_balancer_source_ranges.is_empty()
+                            && !svc
+                                .load_balancer_source_ranges
+                                .iter()
+                                .any(|r| r.contains(&outside_src));
+                        let what = format!("{what}: external address {vip}");
+                        if filtered {
+                            assert_eq!(t.fate(), Some(Fate::Drop), "{what}: source not in ranges");
+                            filtered_checked += 1;
+                            continue;
+                        }
+                        external_checked += 1;
+                        if external.is_empty() {
+                            assert_eq!(t.fate(), Some(unserved), "{what}: unserved");
+                            continue;
+                        }
+                        let got: BTreeSet<SocketAddr> = t.dnat_targets().into_iter().collect();
+                        assert_eq!(got, external, "{what}: DNAT targets");
+                        if svc.external_traffic_policy == TrafficPolicy::Local {
+                            assert_eq!(t.masqueraded(), Some(false), "{what}: client kept");
+                        } else {
+                            masqueraded_unless_local(&t, &what);
+                        }
+                        checked += 1;
+                    }
                     let (Some(node_port), Some(node_ip)) =
                         (port.node_port, node.and_then(|n| n.primary_ip(family)))
                     else {
