@@ -686,6 +686,11 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
         checked > 20,
         "the sweep checked only {checked} service ports"
     );
+    assert!(
+        external_checked >= 3 && filtered_checked >= 1,
+        "the sweep checked {external_checked} external addresses and {filtered_checked} \
+         filtered LB sources"
+    );
 }
 
 /// host-network endpoint here): they are delivered on the input path, which has no postrouting.
