@@ -285,6 +285,27 @@ fn run() {
         (addr, t)
     };
 
+    // Warm-up, not counted: `nft monitor` reads the whole ruleset into its cache before it
+    // subscribes (seconds at this size), missing what happens meanwhile; repeat an update
+    // until the monitor reports one.
+    let warm = Instant::now();
+    'warm: loop {
+        assert!(
+            warm.elapsed() < Duration::from_secs(120),
+            "the monitor never started"
+        );
+        let (addr, t) = update(&api);
+        while let Ok((a, _)) = seen
+            .recv_timeout((t + Duration::from_secs(3)).saturating_duration_since(Instant::now()))
+        {
+            if a == addr {
+                break 'warm;
+            }
+        }
+    }
+    println!("monitor ready after {:.1} s", warm.elapsed().as_secs_f64());
+    std::thread::sleep(min_sync_d + Duration::from_millis(100));
+
     // Idle.
     let mut lat = Vec::new();
     let mut missing = 0;
@@ -361,10 +382,35 @@ fn run() {
         status_field(pid, "VmHWM:"),
         status_field(pid, "VmRSS:")
     );
+    // The daemon's own account of its syncs (info lines: syncs that changed something).
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let mut syncs: Vec<Duration> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("sync in ")? + 8..];
+            let ms: f64 = rest[..rest.find(" ms")?].parse().ok()?;
+            Some(Duration::from_secs_f64(ms / 1e3))
+        })
+        .collect();
+    syncs.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "daemon's sync durations (log): n={} p50={:.1} ms p99={:.1} ms",
+        syncs.len(),
+        ms(percentile(&syncs, 0.5)),
+        ms(percentile(&syncs, 0.99))
+    );
+    if let Some(l) = text.lines().rev().find(|l| l.contains("sync in ")) {
+        println!("last sync logged: {}", l.trim());
+    }
     drop(monitor);
     drop(daemon);
     drop(api);
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("NP_KEEP_LOG").is_some() {
+        println!("daemon log kept: {}", log.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 fn main() {
