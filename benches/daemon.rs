@@ -44,7 +44,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn service(s: usize) -> Value {
     let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + s as u32).to_string();
     let mut port = json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080});
-    let kind = if s % 4 == 0 {
+    let kind = if s.is_multiple_of(4) {
         port["nodePort"] = json!(30000 + (s / 4) % 2768);
         "NodePort"
     } else {
@@ -63,7 +63,7 @@ fn slice(s: usize, endpoints: usize, first: Option<Ipv4Addr>) -> Value {
                 Some(a) if e == 0 => a,
                 _ => Ipv4Addr::from(0x0A80_0000u32 + slot as u32),
             };
-            let node = if slot % 1000 == 0 {
+            let node = if slot.is_multiple_of(1000) {
                 "node-a".to_owned()
             } else {
                 format!("node-{}", slot % 1000)
