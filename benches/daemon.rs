@@ -1,0 +1,430 @@
+//! Event → programmed latency of the daemon at scale: the real binary (release build) against
+//! the fake API server (`tests/fakeapi`) loaded with N services × M endpoints, in a private
+//! network namespace.
+//!
+//! Each update replaces the first endpoint of one Service's EndpointSlice with a new address
+//! (10.255.x.y, never used by the generated cluster). "Programmed" is when the kernel announces
+//! the new element: an `nft monitor` running in the namespace prints every element added, and
+//! the line naming the new address is timestamped as it is read (polling `nft list` is far too
+//! slow at this size, and the monitor sees every update without one process per poll). The
+//! latency is from just before the fake API server applies the change (and streams it to the
+//! daemon's watch) to that line.
+//!
+//! Phases: cold start (daemon start → first sync), idle (one update at a time, each after the
+//! previous was programmed and `--min-sync-period` has passed, so none is throttled), churn (a
+//! steady rate of updates to distinct Services). CPU is utime+stime from `/proc/<pid>/stat`
+//! over the churn period; memory is VmHWM / VmRSS from `/proc/<pid>/status`.
+//!
+//! Run as root: `sudo -E cargo bench --bench daemon` (environment: `NP_SERVICES` 10000,
+//! `NP_ENDPOINTS` 10, `NP_IDLE_UPDATES` 100, `NP_CHURN_RATE` 100 per second, `NP_CHURN_SECONDS`
+//! 10, `NP_MIN_SYNC_PERIOD` 1s, `NP_SYNC_PERIOD` 30s).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "../tests/fakeapi/mod.rs"]
+mod fakeapi;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::Ipv4Addr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use fakeapi::{FakeApi, Kind};
+use serde_json::{Value, json};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn service(s: usize) -> Value {
+    let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + s as u32).to_string();
+    let mut port = json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080});
+    let kind = if s.is_multiple_of(4) {
+        port["nodePort"] = json!(30000 + (s / 4) % 2768);
+        "NodePort"
+    } else {
+        "ClusterIP"
+    };
+    json!({"metadata": {"namespace": format!("ns{}", s % 100), "name": format!("svc{s}")},
+           "spec": {"type": kind, "clusterIP": ip, "clusterIPs": [ip], "ports": [port]}})
+}
+
+/// The slice of service `s`, its first endpoint replaced by `first` if given.
+fn slice(s: usize, endpoints: usize, first: Option<Ipv4Addr>) -> Value {
+    let eps: Vec<Value> = (0..endpoints)
+        .map(|e| {
+            let slot = s * endpoints + e;
+            let addr = match first {
+                Some(a) if e == 0 => a,
+                _ => Ipv4Addr::from(0x0A80_0000u32 + slot as u32),
+            };
+            let node = if slot.is_multiple_of(1000) {
+                "node-a".to_owned()
+            } else {
+                format!("node-{}", slot % 1000)
+            };
+            json!({"addresses": [addr.to_string()], "conditions": {"ready": true}, "nodeName": node})
+        })
+        .collect();
+    json!({"metadata": {"namespace": format!("ns{}", s % 100), "name": format!("svc{s}-abcde"),
+                        "labels": {"kubernetes.io/service-name": format!("svc{s}")}},
+           "addressType": "IPv4",
+           "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+           "endpoints": eps})
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn summary(what: &str, mut lat: Vec<Duration>, missing: usize) {
+    lat.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{what}: n={} missing={missing} p50={:.1} ms p90={:.1} ms p99={:.1} ms max={:.1} ms",
+        lat.len(),
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.9)),
+        ms(percentile(&lat, 0.99)),
+        ms(lat.last().copied().unwrap_or_default()),
+    );
+}
+
+/// utime + stime of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // USER_HZ is 100 on Linux.
+    ticks as f64 / 100.0
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .map(|l| l[field.len()..].trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn last_sync(metrics: u16) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", metrics)) else {
+        return 0.0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    );
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines()
+        .filter(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max)
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run() {
+    let services: usize = env_or("NP_SERVICES", 10_000);
+    let endpoints: usize = env_or("NP_ENDPOINTS", 10);
+    let idle_updates: usize = env_or("NP_IDLE_UPDATES", 100);
+    let churn_rate: f64 = env_or("NP_CHURN_RATE", 100.0);
+    let churn_seconds: f64 = env_or("NP_CHURN_SECONDS", 10.0);
+    let min_sync: String = env_or("NP_MIN_SYNC_PERIOD", "1s".to_owned());
+    let sync_period: String = env_or("NP_SYNC_PERIOD", "30s".to_owned());
+    let min_sync_d = Duration::from_secs_f64(
+        min_sync
+            .trim_end_matches("ms")
+            .trim_end_matches('s')
+            .parse::<f64>()
+            .unwrap()
+            / if min_sync.ends_with("ms") { 1e3 } else { 1.0 },
+    );
+
+    let lo = Command::new("ip")
+        .args(["link", "set", "lo", "up"])
+        .status()
+        .unwrap();
+    assert!(lo.success());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let api = rt.block_on(FakeApi::start());
+    api.apply(
+        Kind::Node,
+        json!({"metadata": {"name": "node-a"}, "spec": {"podCIDRs": ["10.128.0.0/24"]},
+               "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.11"}]}}),
+    );
+    for s in 0..services {
+        api.apply(Kind::Service, service(s));
+        api.apply(Kind::EndpointSlice, slice(s, endpoints, None));
+    }
+    let dir = std::env::temp_dir().join(format!("nodeproxy-bench-daemon-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = dir.join("daemon.log");
+    let started = Instant::now();
+    let daemon = Killed(
+        Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+            .arg("--kubeconfig")
+            .arg(api.kubeconfig())
+            .args([
+                "--hostname-override",
+                "node-a",
+                "--cluster-cidr",
+                "10.128.0.0/9",
+            ])
+            .arg("--lock-file")
+            .arg(dir.join("lock"))
+            .args(["--healthz-bind-address", ""])
+            .args(["--metrics-bind-address", &format!("127.0.0.1:{metrics}")])
+            .args([
+                "--min-sync-period",
+                &min_sync,
+                "--sync-period",
+                &sync_period,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let mut daemon = daemon;
+    let pid = daemon.0.id();
+    while last_sync(metrics) <= 0.0 {
+        if let Ok(Some(status)) = daemon.0.try_wait() {
+            panic!(
+                "the daemon exited ({status}); log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no first sync; log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "{services} services x {endpoints} endpoints, --min-sync-period {min_sync}, --sync-period {sync_period}"
+    );
+    println!(
+        "cold: start -> first sync {:.2} s, cpu {:.2} s, VmHWM {}",
+        started.elapsed().as_secs_f64(),
+        cpu_seconds(pid),
+        status_field(pid, "VmHWM:")
+    );
+
+    // The monitor: every added element, timestamped as read.
+    let mut monitor = Killed(
+        Command::new("stdbuf")
+            .args(["-oL", "nft", "monitor", "new", "elements"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let out = monitor.0.stdout.take().unwrap();
+    let (tx, seen) = mpsc::channel::<(Ipv4Addr, Instant)>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            let now = Instant::now();
+            for word in line.split(|c: char| !(c.is_ascii_digit() || c == '.')) {
+                if word.starts_with("10.255.")
+                    && let Ok(a) = word.parse::<Ipv4Addr>()
+                    && tx.send((a, now)).is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    // The monitor is listening, and the first update is not throttled by the first sync.
+    std::thread::sleep(min_sync_d + Duration::from_millis(300));
+
+    let mut next = 0u32;
+    let mut update = |api: &FakeApi| -> (Ipv4Addr, Instant) {
+        let i = next as usize;
+        next += 1;
+        let addr = Ipv4Addr::from(0x0AFF_0000u32 + next);
+        // Distinct services (7919 is prime to 10000, and to most sizes).
+        let s = (i * 7919) % services;
+        let t = Instant::now();
+        api.apply(Kind::EndpointSlice, slice(s, endpoints, Some(addr)));
+        (addr, t)
+    };
+
+    // Warm-up, not counted: `nft monitor` reads the whole ruleset into its cache before it
+    // subscribes (seconds at this size), missing what happens meanwhile; repeat an update
+    // until the monitor reports one.
+    let warm = Instant::now();
+    'warm: loop {
+        assert!(
+            warm.elapsed() < Duration::from_secs(120),
+            "the monitor never started"
+        );
+        let (addr, t) = update(&api);
+        while let Ok((a, _)) = seen
+            .recv_timeout((t + Duration::from_secs(3)).saturating_duration_since(Instant::now()))
+        {
+            if a == addr {
+                break 'warm;
+            }
+        }
+    }
+    println!("monitor ready after {:.1} s", warm.elapsed().as_secs_f64());
+    std::thread::sleep(min_sync_d + Duration::from_millis(100));
+
+    // Idle.
+    let mut lat = Vec::new();
+    let mut missing = 0;
+    for _ in 0..idle_updates {
+        let (addr, t) = update(&api);
+        let deadline = t + Duration::from_secs(10);
+        loop {
+            match seen.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok((a, at)) if a == addr => {
+                    lat.push(at - t);
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    missing += 1;
+                    break;
+                }
+            }
+        }
+        // The sync that programmed it started before it was seen: waiting one
+        // --min-sync-period after that (plus a margin) means the next one is not throttled.
+        std::thread::sleep(min_sync_d + Duration::from_millis(100));
+    }
+    summary("idle (one update at a time)", lat, missing);
+    while seen.try_recv().is_ok() {}
+
+    // Churn: a steady rate, every update to a distinct Service.
+    let count = (churn_rate * churn_seconds) as usize;
+    let interval = Duration::from_secs_f64(1.0 / churn_rate);
+    let cpu0 = cpu_seconds(pid);
+    let t0 = Instant::now();
+    let mut sent: HashMap<Ipv4Addr, Instant> = HashMap::new();
+    let mut lat = Vec::new();
+    for k in 0..count {
+        let at = t0 + interval * k as u32;
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        let (addr, t) = update(&api);
+        sent.insert(addr, t);
+        while let Ok((a, seen_at)) = seen.try_recv() {
+            if let Some(t) = sent.remove(&a) {
+                lat.push(seen_at - t);
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sent.is_empty() {
+        match seen.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((a, seen_at)) => {
+                if let Some(t) = sent.remove(&a) {
+                    lat.push(seen_at - t);
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid) - cpu0;
+    summary(
+        &format!("churn ({churn_rate}/s for {churn_seconds} s)"),
+        lat,
+        sent.len(),
+    );
+    println!(
+        "churn: cpu {cpu:.2} s over {wall:.2} s = {:.0} % of one core",
+        cpu / wall * 100.0
+    );
+    // Idle CPU: the same wall time without changes (includes periodic verification syncs if
+    // one falls in the window).
+    let cpu1 = cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(5));
+    println!("quiet: cpu {:.2} s over 5 s", cpu_seconds(pid) - cpu1);
+    println!(
+        "memory: VmHWM {}, VmRSS {}",
+        status_field(pid, "VmHWM:"),
+        status_field(pid, "VmRSS:")
+    );
+    // The daemon's own account of its syncs (info lines: syncs that changed something).
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let mut syncs: Vec<Duration> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("sync in ")? + 8..];
+            let ms: f64 = rest[..rest.find(" ms")?].parse().ok()?;
+            Some(Duration::from_secs_f64(ms / 1e3))
+        })
+        .collect();
+    syncs.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "daemon's sync durations (log): n={} p50={:.1} ms p99={:.1} ms",
+        syncs.len(),
+        ms(percentile(&syncs, 0.5)),
+        ms(percentile(&syncs, 0.99))
+    );
+    if let Some(l) = text.lines().rev().find(|l| l.contains("sync in ")) {
+        println!("last sync logged: {}", l.trim());
+    }
+    drop(monitor);
+    drop(daemon);
+    drop(api);
+    if std::env::var_os("NP_KEEP_LOG").is_some() {
+        println!("daemon log kept: {}", log.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a plain `cargo test --benches` run must not need root.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let h = std::thread::spawn(|| {
+        if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+            panic!("unshare(CLONE_NEWNET) failed ({e}); run as root");
+        }
+        run();
+    });
+    if let Err(p) = h.join() {
+        std::panic::resume_unwind(p);
+    }
+}
