@@ -12,19 +12,16 @@
 mod common;
 mod fakeapi;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemon::{Daemon, PATIENCE, get};
 use common::netns::in_netns;
 use fakeapi::{FakeApi, Kind, node, service, slice};
 
 const NODE: &str = "node-a";
 const SYNC_PERIOD: Duration = Duration::from_secs(2);
-/// Every wait is bounded by this.
-const PATIENCE: Duration = Duration::from_secs(20);
 
 /// A test's namespace: loopback up, a runtime for the fake API, a scratch directory.
 struct Env {
@@ -69,95 +66,18 @@ impl Env {
     }
 
     fn start(&self, name: &str) -> Daemon {
-        Daemon::start(self, name)
+        Daemon::start(
+            self.api.kubeconfig(),
+            &self.dir,
+            name,
+            &["--hostname-override", NODE],
+        )
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A free port on 127.0.0.1 in the current namespace (racy in principle; nothing else binds in
-/// a fresh namespace).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The binary running as a daemon; killed on drop, with its log printed when the test failed.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-    healthz: u16,
-    metrics: u16,
-}
-
-impl Daemon {
-    fn start(env: &Env, name: &str) -> Daemon {
-        let log = env.dir.join(format!("{name}.log"));
-        let (healthz, metrics) = (free_port(), free_port());
-        let child = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
-            .arg("--kubeconfig")
-            .arg(env.api.kubeconfig())
-            .args(["--hostname-override", NODE])
-            .arg("--lock-file")
-            .arg(env.dir.join("nodeproxy.lock"))
-            .args(["--healthz-bind-address", &format!("127.0.0.1:{healthz}")])
-            .args(["--metrics-bind-address", &format!("127.0.0.1:{metrics}")])
-            .args(["--sync-period", "2s", "--min-sync-period", "100ms"])
-            .env("NODEPROXY_LOG", "nodeproxy=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Daemon {
-            child,
-            log,
-            healthz,
-            metrics,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Waits for the process to exit, at most `PATIENCE`.
-    fn wait_exit(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not exit; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("--- daemon log {} ---\n{}", self.log.display(), self.log());
-        }
     }
 }
 
@@ -187,22 +107,6 @@ fn wait_until(what: &str, limit: Duration, cond: impl Fn() -> bool) {
 
 fn table_has(text: &str) -> bool {
     table().is_some_and(|t| t.contains(text))
-}
-
-/// A GET on 127.0.0.1:`port`; returns the status code and the body.
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
 }
 
 #[test]

@@ -8,26 +8,32 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
 mod fakeapi;
 mod lab;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::daemon::{Daemon, PATIENCE};
 use fakeapi::{FakeApi, Kind};
 use lab::{Lab, Ns, Proto};
 use serde_json::json;
 
-const NODEPROXY: &str = env!("CARGO_BIN_EXE_nodeproxy");
 const CLUSTER_CIDR: &str = "198.51.100.0/24,2001:db8:a::/47";
 const CLUSTER_IP: &str = "203.0.113.60";
 const NODE_PORT: u16 = 30100;
-const PATIENCE: Duration = Duration::from_secs(20);
+const DAEMON_ARGS: &[&str] = &[
+    "--hostname-override",
+    "node-a",
+    "--cluster-cidr",
+    CLUSTER_CIDR,
+];
 
 /// Echo servers on port 8080 of the three pods: the first line is `<name> <peer>` (what
 /// [`Lab::request`] reads), then every line received comes back as `<name> <line>`.
@@ -62,99 +68,6 @@ fn spawn_echo_servers(lab: &Lab) -> Vec<Child> {
 fn enter(name: &str) {
     let f = std::fs::File::open(Path::new("/run/netns").join(name)).unwrap();
     nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// The daemon, started from a thread inside node-a's namespace (it inherits it).
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-    metrics: u16,
-}
-
-impl Daemon {
-    fn start(api: &FakeApi, dir: &Path, name: &str) -> Daemon {
-        let log = dir.join(format!("{name}.log"));
-        let (healthz, metrics) = (free_port(), free_port());
-        let child = Command::new(NODEPROXY)
-            .arg("--kubeconfig")
-            .arg(api.kubeconfig())
-            .args(["--hostname-override", "node-a"])
-            .args(["--cluster-cidr", CLUSTER_CIDR])
-            .arg("--lock-file")
-            .arg(dir.join("nodeproxy.lock"))
-            .args(["--healthz-bind-address", &format!("127.0.0.1:{healthz}")])
-            .args(["--metrics-bind-address", &format!("127.0.0.1:{metrics}")])
-            .args(["--sync-period", "2s", "--min-sync-period", "100ms"])
-            .env("NODEPROXY_LOG", "nodeproxy=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Daemon {
-            child,
-            log,
-            metrics,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds`, once /metrics answers.
-    fn last_sync(&self) -> Option<f64> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.metrics)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        text.lines()
-            .filter(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .reduce(f64::max)
-    }
-
-    fn sigterm_and_wait(&mut self) {
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert_eq!(status.code(), Some(0), "log:\n{}", self.log());
-                return;
-            }
-            assert!(Instant::now() < deadline, "no exit; log:\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("--- daemon log {} ---\n{}", self.log.display(), self.log());
-        }
-    }
 }
 
 /// A TCP connection held open by a socat client: each exchange sends a line and reads the
@@ -331,7 +244,7 @@ fn restart_under_traffic_keeps_connections_and_affinity_and_changes_nothing() {
                 let api = rt.block_on(FakeApi::start());
                 populate(&api);
 
-                let mut first = Daemon::start(&api, &dir, "first");
+                let mut first = Daemon::start(api.kubeconfig(), &dir, "first", DAEMON_ARGS);
                 wait_until("the first daemon synced", || {
                     first.last_sync().is_some_and(|t| t > 0.0)
                 });
@@ -355,7 +268,7 @@ fn restart_under_traffic_keeps_connections_and_affinity_and_changes_nothing() {
                 // Between the two daemons: the rules stayed, traffic flows.
                 assert_eq!(conn.exchange("between"), conn_name);
 
-                let second = Daemon::start(&api, &dir, "second");
+                let second = Daemon::start(api.kubeconfig(), &dir, "second", DAEMON_ARGS);
                 wait_until("the second daemon synced", || {
                     second.last_sync().is_some_and(|t| t > 0.0)
                 });
