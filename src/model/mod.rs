@@ -5,7 +5,7 @@
 
 pub mod convert;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -293,6 +293,25 @@ impl ClusterState {
             index.entry(&slice.service).or_default().push(slice);
         }
         index
+    }
+
+    /// The part of the state that the ruleset elements of `services` are built from: those
+    /// Services (the ones that exist), all their EndpointSlices, and every Node. Building it
+    /// costs one pass over the slices, not a copy of the cluster.
+    pub fn subset(&self, services: &BTreeSet<ServiceName>) -> ClusterState {
+        ClusterState {
+            services: services
+                .iter()
+                .filter_map(|name| Some((name.clone(), self.services.get(name)?.clone())))
+                .collect(),
+            slices: self
+                .slices
+                .iter()
+                .filter(|(_, s)| services.contains(&s.service))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            nodes: self.nodes.clone(),
+        }
     }
 }
 
