@@ -2,7 +2,7 @@
 //! short sync periods; killed on drop, with its log printed when the test failed.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -22,18 +22,63 @@ pub fn free_port() -> u16 {
 
 /// A GET on 127.0.0.1:`port`; returns the status code and the body.
 pub fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let r = http_get(SocketAddr::from(([127, 0, 0, 1], port)), path).ok()?;
+    Some((r.code, r.body))
+}
+
+/// An HTTP answer: status code, headers (names lowercased) and body.
+#[derive(Debug)]
+pub struct HttpAnswer {
+    pub code: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpAnswer {
+    /// The value of header `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A GET on `addr` from the calling thread's network namespace. An I/O error (e.g.
+/// `ConnectionRefused`) is returned as is; an answer that is not HTTP is `InvalidData`.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<HttpAnswer> {
+    use std::io::{Error, ErrorKind};
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
+    s.read_to_string(&mut text)?;
+    let bad = || {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!("not an HTTP answer: {text:?}"),
+        )
+    };
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(bad)?;
+    let mut lines = head.split("\r\n");
+    let code = lines
+        .next()
+        .and_then(|status| status.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(bad)?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Ok(HttpAnswer {
+        code,
+        headers,
+        body: body.to_owned(),
+    })
 }
 
 /// The binary running as a daemon in the current network namespace.

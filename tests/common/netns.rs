@@ -21,6 +21,26 @@ pub fn in_netns<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R 
     }
 }
 
+/// Runs `f` on a thread that has entered the named network namespace (an `ip netns` name, such
+/// as a lab's), and waits for it. Processes it spawns and threads it creates start in that
+/// namespace too. A panic in `f` is re-raised here.
+pub fn in_named_netns<R: Send>(name: &str, f: impl FnOnce() -> R + Send) -> R {
+    let path = format!("/run/netns/{name}");
+    std::thread::scope(|scope| {
+        let h = scope.spawn(|| {
+            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+            if let Err(e) = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET) {
+                panic!("setns {path} failed ({e}); kernel tests need root (CAP_SYS_ADMIN)");
+            }
+            f()
+        });
+        match h.join() {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+}
+
 /// Runs `nft` with arguments in the current thread's namespace; panics on failure.
 pub fn nft(args: &[&str]) -> String {
     let out = Command::new("nft")
