@@ -3,7 +3,8 @@
 //!
 //! Start-up order, each step a precondition of the next: the node lock (two writers would undo
 //! each other's transactions), the netlink socket, the capability probe (a kernel missing a
-//! feature would reject the first sync half-way through a rollout), kube-proxy leftovers (their
+//! feature would reject the first sync half-way through a rollout), taking over the tables a
+//! previous instance left (table ownership, `nft::owner`), kube-proxy leftovers (their
 //! rules run before or after ours and silently change where traffic goes), the API client, the
 //! watches, the HTTP servers. Nothing is programmed before every watch has listed once: a partial
 //! view would delete live Services.

@@ -186,8 +186,8 @@ fn cleanup(config: &config::Config) -> anyhow::Result<()> {
             .join(", ");
         anyhow::bail!(
             "not removing nodeproxy's tables, nothing was deleted: {tables}{running}. Only the \
-             owner may delete an owned table: stop that nodeproxy first (it leaves the tables \
-             in place, unowned), then run --cleanup again"
+             owner may delete an owned table: stop that process first (a nodeproxy leaves its \
+             tables in place, unowned), then run --cleanup again"
         );
     }
     if !running.is_empty() {

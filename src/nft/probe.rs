@@ -192,7 +192,8 @@ fn table_flags_supported(
 
 /// `(owner, persist)`: whether the kernel accepts `NFT_TABLE_F_OWNER`, and
 /// `NFT_TABLE_F_OWNER | NFT_TABLE_F_PERSIST` (the only way we use persist; kernels before 6.9
-/// refuse the unknown flag with EOPNOTSUPP).
+/// refuse the unknown flag with EOPNOTSUPP). The persistent probe table is deleted at once; a
+/// crash in between would leave it behind, orphaned, for `nft delete table` to remove.
 fn table_flags(kernel: &mut NetlinkKernel, name: &str) -> Result<(bool, bool), NftError> {
     let persist = table_flags_supported(kernel, name, TABLE_F_OWNER | TABLE_F_PERSIST)?;
     let owner = persist || table_flags_supported(kernel, name, TABLE_F_OWNER)?;
