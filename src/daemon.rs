@@ -3,7 +3,8 @@
 //!
 //! Start-up order, each step a precondition of the next: the node lock (two writers would undo
 //! each other's transactions), the netlink socket, the capability probe (a kernel missing a
-//! feature would reject the first sync half-way through a rollout), kube-proxy leftovers (their
+//! feature would reject the first sync half-way through a rollout), taking over the tables a
+//! previous instance left (table ownership, `nft::owner`), kube-proxy leftovers (their
 //! rules run before or after ours and silently change where traffic goes), the API client, the
 //! watches, the HTTP servers. Nothing is programmed before every watch has listed once: a partial
 //! view would delete live Services.
@@ -38,6 +39,7 @@ use crate::metrics::{Metrics, PolicyKind, SyncKind};
 use crate::model::{
     ClusterState, EndpointSlice, IpFamily, Protocol, ServicePortName, TrafficPolicy, endpoints_for,
 };
+use crate::nft::owner::{self, TakeOver};
 use crate::nft::probe::{self, Missing};
 use crate::nft::{Kernel, NetlinkKernel, NftError};
 use crate::ruleset::Settings;
@@ -134,9 +136,15 @@ pub fn run(config: &Config) -> Result<(), DaemonError> {
         }
         return Err(DaemonError::MissingFeatures(caps.missing));
     }
+    let ownership = caps.ownership();
+    tracing::info!("{ownership}");
     handle_leftovers(&mut kernel, config.cleanup_kube_proxy)?;
     let node_name = config.node_name()?;
-    let settings = Settings::new(config, node_name.clone());
+    let mut settings = Settings::new(config, node_name.clone());
+    settings.own_tables = ownership.enabled();
+    if ownership.enabled() {
+        take_over_tables(&mut kernel);
+    }
     let rt = runtime()?;
     let result = rt.block_on(run_async(config, kernel, settings));
     // The servers' connections get DRAIN_TIMEOUT inside `run_async`; whatever is left (an API
@@ -144,6 +152,25 @@ pub fn run(config: &Config) -> Result<(), DaemonError> {
     rt.shutdown_timeout(Duration::from_secs(1));
     drop(lock);
     result
+}
+
+/// Claims the tables a previous nodeproxy left orphaned (see [`owner::take_over`]), logging each
+/// family's state. Never fatal: the syncs deal with whatever is left.
+fn take_over_tables(kernel: &mut NetlinkKernel) {
+    for (family, state) in owner::take_over(kernel, crate::ruleset::names::TABLE) {
+        let table = format!(
+            "table {} {}",
+            crate::nft::wire::family_keyword(family),
+            crate::ruleset::names::TABLE
+        );
+        match state {
+            TakeOver::Absent | TakeOver::Ours => tracing::debug!("{table} {state}"),
+            TakeOver::Claimed => tracing::info!("{table} {state}"),
+            TakeOver::ClaimFailed(_) | TakeOver::OwnedByOther(_) | TakeOver::Unclaimable => {
+                tracing::warn!("{table} {state}")
+            }
+        }
+    }
 }
 
 /// Reports kube-proxy's leftovers, and removes them when asked to. Detection failing is only a

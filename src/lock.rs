@@ -82,6 +82,44 @@ pub fn acquire(path: &Path) -> Result<LockGuard, LockError> {
     })
 }
 
+/// Whether a nodeproxy holds the lock at `path`, without taking it (`--cleanup` checks it to
+/// name the daemon that owns our tables): [`LockError::Held`] when one does; `Ok` when the file
+/// does not exist or nobody holds it. A shared lock taken and released at once, so a daemon
+/// starting at that very instant may find the lock busy and exit: `--cleanup` is not run
+/// alongside a starting daemon.
+pub fn check(path: &Path) -> Result<(), LockError> {
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(LockError::Io {
+                path: path.to_owned(),
+                context: "open",
+                source,
+            });
+        }
+    };
+    match file.try_lock_shared() {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let pid = file
+                .read_to_string(&mut text)
+                .ok()
+                .and_then(|_| text.trim().parse().ok());
+            Err(LockError::Held {
+                path: path.to_owned(),
+                pid,
+            })
+        }
+        Err(TryLockError::Error(source)) => Err(LockError::Io {
+            path: path.to_owned(),
+            context: "flock",
+            source,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +150,25 @@ mod tests {
         assert!(msg.contains(&format!("(pid {me})")), "{msg}");
         assert!(msg.contains(&path.display().to_string()), "{msg}");
         drop(guard);
+        let again = acquire(&path).unwrap();
+        drop(again);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn check_names_the_holder_without_taking_the_lock() {
+        let path = temp_path("check");
+        let _ = std::fs::remove_file(&path);
+        assert!(check(&path).is_ok(), "a missing file is not held");
+        assert!(!path.exists(), "check must not create the file");
+        let guard = acquire(&path).unwrap();
+        match check(&path) {
+            Err(LockError::Held { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+            other => panic!("expected Held, got {other:?}"),
+        }
+        drop(guard);
+        assert!(check(&path).is_ok());
+        // check released its shared lock: the lock can be taken.
         let again = acquire(&path).unwrap();
         drop(again);
         let _ = std::fs::remove_file(&path);

@@ -76,14 +76,7 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             print!("{}", config::render_effective(config, &loaded.provenance));
             Ok(())
         }
-        Mode::Cleanup => {
-            let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
-            let removed = kernel
-                .delete_tables(nodeproxy::ruleset::names::TABLE)
-                .context("removing nodeproxy's tables")?;
-            tracing::info!("removed {removed} nodeproxy table(s); nothing else was touched");
-            Ok(())
-        }
+        Mode::Cleanup => cleanup(config),
         Mode::Explain(query) => {
             // Exactly the ruleset `--dry-run` prints, so the explanation is of what would be
             // programmed.
@@ -107,14 +100,25 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             Ok(())
         }
         Mode::DryRun | Mode::Once => {
-            let (state, settings) = desired_inputs(config)?;
+            let (state, mut settings) = desired_inputs(config)?;
+            let mut kernel = None;
+            if loaded.mode == Mode::Once {
+                let mut k = nft::NetlinkKernel::new().context("opening the netlink socket")?;
+                // Owned while we run, and left persistent: the daemon can take the tables over
+                // later, which it could not do with tables created without persist.
+                let ownership = nft::probe::probe_ownership(&mut k)
+                    .context("probing the kernel for nftables table ownership")?;
+                tracing::info!("{ownership}");
+                settings.own_tables = ownership.enabled();
+                kernel = Some(k);
+            }
             let started = std::time::Instant::now();
             let desired = ruleset::build(&state, &settings);
             tracing::debug!(
                 "built the ruleset in {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3
             );
-            if loaded.mode == Mode::DryRun {
+            let Some(mut kernel) = kernel else {
                 let mut out = std::io::stdout().lock();
                 writeln!(
                     out,
@@ -123,11 +127,10 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
                 )?;
                 out.write_all(ruleset::render::render(&desired).as_bytes())?;
                 return Ok(());
-            }
+            };
             // The model is not needed any more; freeing it before lowering keeps the peak memory
             // of a large sync at about one copy of the ruleset.
             drop(state);
-            let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
             let report = nft::sync(&mut kernel, desired)?;
             tracing::info!("{report}; peak RSS {} KiB", peak_rss_kib());
             Ok(())
@@ -146,6 +149,55 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             })
         }
     }
+}
+
+/// `--cleanup`: deletes our tables, both families in one transaction. Refuses, deleting nothing,
+/// while a running process owns them (nftables table ownership): that is a running nodeproxy,
+/// which the lock file names.
+fn cleanup(config: &config::Config) -> anyhow::Result<()> {
+    use nodeproxy::nft::owner::{Holder, describe_owner};
+    let name = nodeproxy::ruleset::names::TABLE;
+    let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
+    let lock = nodeproxy::lock::check(&config.lock_file).err();
+    let mut owned = Vec::new();
+    for family in nodeproxy::model::IpFamily::ALL {
+        let info = kernel
+            .table_info(family, name)
+            .context("reading nodeproxy's tables")?;
+        if let Some(Holder::Other(port)) = info.map(|i| i.holder(kernel.port_id())) {
+            owned.push((family, port));
+        }
+    }
+    let running = match &lock {
+        Some(e @ nodeproxy::lock::LockError::Held { .. }) => format!("; {e}"),
+        _ => String::new(),
+    };
+    if !owned.is_empty() {
+        let tables = owned
+            .iter()
+            .map(|(f, port)| {
+                format!(
+                    "table {} {name} is owned by {}",
+                    nft::wire::family_keyword(*f),
+                    describe_owner(*port)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        anyhow::bail!(
+            "not removing nodeproxy's tables, nothing was deleted: {tables}{running}. Only the \
+             owner may delete an owned table: stop that process first (a nodeproxy leaves its \
+             tables in place, unowned), then run --cleanup again"
+        );
+    }
+    if !running.is_empty() {
+        tracing::warn!("a nodeproxy is running{running}: it recreates its tables at its next sync");
+    }
+    let removed = kernel
+        .delete_tables(name)
+        .map_err(|e| anyhow::anyhow!("removing nodeproxy's tables: {e}{running}"))?;
+    tracing::info!("removed {removed} nodeproxy table(s); nothing else was touched");
+    Ok(())
 }
 
 /// Loads the cluster objects and resolves the settings the ruleset is built with, reporting

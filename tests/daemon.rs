@@ -1,7 +1,9 @@
 //! The real binary as a daemon against the fake API server, each test in its own network
 //! namespace: nothing is programmed before the watches have listed, changes reach the kernel,
 //! an API outage changes nothing, drift is repaired, one instance per lock file, SIGTERM leaves
-//! the rules, and the health and metrics endpoints answer.
+//! the rules, the health and metrics endpoints answer, and the tables are owned by the running
+//! daemon (nftables table ownership): other processes cannot change them, they outlive it, and
+//! the next daemon takes them over.
 //!
 //! The test thread enters a new network namespace, starts the fake API on its loopback, and
 //! spawns the binary, which inherits the namespace: the kernel state every test looks at is its
@@ -17,8 +19,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, PATIENCE, get};
-use common::netns::in_netns;
+use common::netns::{in_netns, strip_ownership};
 use fakeapi::{FakeApi, Kind, node, service, slice};
+use nodeproxy::model::IpFamily;
+use nodeproxy::nft::NetlinkKernel;
+use nodeproxy::nft::owner::TableInfo;
+use nodeproxy::nft::wire::{TABLE_F_OWNED, TABLE_F_PERSIST};
 
 const NODE: &str = "node-a";
 const SYNC_PERIOD: Duration = Duration::from_secs(2);
@@ -109,6 +115,38 @@ fn table_has(text: &str) -> bool {
     table().is_some_and(|t| t.contains(text))
 }
 
+/// Both families' table headers as the kernel reports them to a third socket.
+fn headers() -> Vec<Option<TableInfo>> {
+    let mut k = NetlinkKernel::new().unwrap();
+    IpFamily::ALL
+        .iter()
+        .map(|&f| k.table_info(f, "nodeproxy").unwrap())
+        .collect()
+}
+
+/// `nft <args>` from another process: (success, stderr).
+fn nft_try(args: &[&str]) -> (bool, String) {
+    let out = Command::new("nft").args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `nodeproxy --cleanup` with the test's lock file: (exit code, stderr).
+fn cleanup(env: &Env) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        .arg("--cleanup")
+        .arg("--lock-file")
+        .arg(env.dir.join("nodeproxy.lock"))
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn programs_only_once_the_watches_listed_then_follows_changes() {
     in_netns(|| {
@@ -185,6 +223,16 @@ fn api_outage_changes_nothing_and_drift_is_repaired() {
     in_netns(|| {
         let env = Env::new("outage");
         env.populate();
+        // A table without ownership, as a nodeproxy that predates it leaves one (or as on a
+        // kernel without ownership): the kernel cannot hand it to the daemon, so others can
+        // still change it and drift repair is what keeps it right.
+        common::netns::nft(&[
+            "add",
+            "table",
+            "ip",
+            "nodeproxy",
+            "{ comment \"rules for nodeproxy\"; }",
+        ]);
         let d = env.start("daemon");
         wait_until("the Service is programmed", PATIENCE, || {
             table_has("10.96.0.10")
@@ -200,6 +248,13 @@ fn api_outage_changes_nothing_and_drift_is_repaired() {
             "rules changed while the API server was down"
         );
 
+        assert!(
+            d.log().contains("exists without ownership flags"),
+            "the unowned table was not reported:\n{}",
+            d.log()
+        );
+        assert_eq!(headers()[0].map(|h| h.flags), Some(0));
+
         // Someone deletes our table: repaired within one sync period (plus the sync itself).
         common::netns::nft(&["delete", "table", "ip", "nodeproxy"]);
         assert!(table().is_none());
@@ -208,7 +263,9 @@ fn api_outage_changes_nothing_and_drift_is_repaired() {
             SYNC_PERIOD + Duration::from_secs(2),
             || table_has("10.96.0.10"),
         );
-        assert_eq!(table().as_deref(), Some(before.as_str()));
+        // The same rules, and now the table is created owned by the daemon.
+        assert_eq!(table().map(|t| strip_ownership(&t)), Some(before.clone()));
+        assert_eq!(headers()[0].map(|h| h.flags), Some(TABLE_F_OWNED));
         wait_until("the repair is counted", PATIENCE, || {
             get(d.metrics, "/metrics").is_some_and(|(_, b)| {
                 b.contains("nodeproxy_drift_repairs_total{ip_family=\"IPv4\"} 1")
@@ -268,7 +325,11 @@ fn sigterm_exits_0_and_leaves_the_rules() {
         assert!(sent.success());
         let status = d.wait_exit();
         assert_eq!(status.code(), Some(0), "log:\n{}", d.log());
-        assert_eq!(table().as_deref(), Some(before.as_str()));
+        // The same rules; no longer owned by anyone (an orphan, see the ownership test).
+        assert_eq!(
+            table().map(|t| strip_ownership(&t)),
+            Some(strip_ownership(&before))
+        );
         drop(d);
         drop(env);
     });
@@ -308,6 +369,121 @@ fn dry_run_without_files_reads_the_api_server() {
         assert!(printed.contains("10.96.0.10"), "{printed}");
         assert!(printed.contains("10.244.0.5"), "{printed}");
         assert!(table().is_none(), "--dry-run programmed the kernel");
+        drop(env);
+    });
+}
+
+#[test]
+fn the_running_daemon_owns_its_tables_and_the_next_one_takes_them_over() {
+    in_netns(|| {
+        let env = Env::new("owner");
+        env.populate();
+        let mut first = env.start("first");
+        wait_until("the Service is programmed", PATIENCE, || {
+            table_has("10.96.0.10")
+        });
+        let before = table().unwrap();
+        for h in headers() {
+            let h = h.expect("both tables exist");
+            assert_eq!(h.flags, TABLE_F_OWNED);
+            // The daemon's first netlink socket is its nftables socket: port id = pid.
+            assert_eq!(h.owner, Some(first.pid()));
+        }
+        assert!(before.contains("flags owner"), "{before}");
+        assert!(
+            first.log().contains("our tables are owned by this process"),
+            "the ownership mode was not logged:\n{}",
+            first.log()
+        );
+
+        // Other processes cannot change or delete it.
+        let attempts: [&[&str]; 4] = [
+            &["delete", "table", "ip", "nodeproxy"],
+            &[
+                "add",
+                "element",
+                "ip",
+                "nodeproxy",
+                "cluster-ips",
+                "{ 192.0.2.99 }",
+            ],
+            &["add", "chain", "ip", "nodeproxy", "intruder"],
+            &["flush", "chain", "ip", "nodeproxy", "services"],
+        ];
+        for args in attempts {
+            let (ok, err) = nft_try(args);
+            assert!(!ok, "nft {args:?} succeeded on an owned table");
+            assert!(
+                err.contains("Operation not permitted"),
+                "nft {args:?}: {err}"
+            );
+        }
+        // `nft flush ruleset` succeeds but skips tables owned by others.
+        let (ok, err) = nft_try(&["flush", "ruleset"]);
+        assert!(ok, "{err}");
+        assert_eq!(table().as_deref(), Some(before.as_str()));
+        assert!(headers().iter().all(Option::is_some), "ip6 table flushed");
+
+        // --cleanup refuses, deletes nothing, and names the daemon.
+        let (code, err) = cleanup(&env);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("owned by"), "{err}");
+        assert!(err.contains(&format!("pid {}", first.pid())), "{err}");
+        assert!(err.contains("nothing was deleted"), "{err}");
+        assert_eq!(table().as_deref(), Some(before.as_str()));
+        assert!(headers().iter().all(Option::is_some));
+
+        // SIGTERM: the tables stay, with their rules, as orphans.
+        first.sigterm_and_wait();
+        assert_eq!(
+            table().map(|t| strip_ownership(&t)),
+            Some(strip_ownership(&before))
+        );
+        for h in headers() {
+            assert_eq!(
+                h,
+                Some(TableInfo {
+                    flags: TABLE_F_PERSIST,
+                    owner: None
+                })
+            );
+        }
+
+        // The next daemon takes them over at start, and its first sync changes nothing.
+        let second = env.start("second");
+        wait_until("the second daemon synced", PATIENCE, || {
+            second.last_sync().is_some_and(|t| t > 0.0)
+        });
+        for h in headers() {
+            let h = h.expect("both tables exist");
+            assert_eq!((h.flags, h.owner), (TABLE_F_OWNED, Some(second.pid())));
+        }
+        let log = second.log();
+        assert_eq!(log.matches("taken over").count(), 2, "{log}");
+        assert!(
+            log.contains("full sync") && log.contains("nothing to change"),
+            "the first sync after the take-over was not empty:\n{log}"
+        );
+        assert!(
+            !log.contains("change(s))"),
+            "the first sync changed the kernel:\n{log}"
+        );
+        // Same rules, same owner name: the listing is unchanged.
+        assert_eq!(table().as_deref(), Some(before.as_str()));
+        let (ok, _) = nft_try(&["delete", "table", "ip", "nodeproxy"]);
+        assert!(!ok, "the taken-over table can be deleted by others");
+        drop(second);
+
+        // Killed: orphans again, which --cleanup removes.
+        wait_until("the tables are orphans", PATIENCE, || {
+            headers()
+                .iter()
+                .all(|h| h.is_some_and(|h| h.owner.is_none()))
+        });
+        let (code, err) = cleanup(&env);
+        assert_eq!(code, Some(0), "{err}");
+        assert_eq!(headers(), vec![None, None]);
+        drop(first);
         drop(env);
     });
 }

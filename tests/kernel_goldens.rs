@@ -1,10 +1,13 @@
 //! Kernel readback of every golden: `nodeproxy --once` in a fresh network namespace, then `nft
 //! list table` must equal the golden rendering.
 //!
-//! Normalisation (the only one): inside an `elements = { … }` list, element order and line
-//! wrapping are ignored, because nft prints verdict maps in the kernel's hash order. Everything
-//! else — chains, rules, set types, comments, element keys, data and comments — must match to
-//! the byte.
+//! Normalisation: inside an `elements = { … }` list, element order and line wrapping are
+//! ignored, because nft prints verdict maps in the kernel's hash order; and the table's
+//! ownership decoration is removed (see `common::netns::strip_ownership`): `--once` leaves its tables
+//! orphaned where the kernel supports table ownership, and the rendering never shows ownership
+//! (see `render_table`). That decoration is checked on its own, against the table flags read
+//! back. Everything else — chains, rules, set types, comments, element keys, data and comments —
+//! must match to the byte.
 
 // Tests fail by panicking; that is their job.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -14,7 +17,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::netns::{in_netns, nft};
+use common::netns::{in_netns, nft, strip_ownership};
+use nodeproxy::model::IpFamily;
+use nodeproxy::nft::NetlinkKernel;
+use nodeproxy::nft::owner::Ownership;
+use nodeproxy::nft::probe::{TABLE_F_OWNER, TABLE_F_PERSIST, probe_ownership};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -59,8 +66,10 @@ fn listed() -> String {
     text
 }
 
-/// See the module comment: sorts and unwraps element lists, leaves everything else as is.
+/// See the module comment: sorts and unwraps element lists, drops the ownership decoration,
+/// leaves everything else as is.
 fn normalise(text: &str) -> String {
+    let text = strip_ownership(text);
     let mut lines: Vec<String> = Vec::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("\t\t\t     ")
@@ -101,24 +110,49 @@ fn cases() -> Vec<String> {
     out
 }
 
+/// The flags of both our tables, and whether the kernel supports owned tables.
+fn table_flags() -> (Vec<Option<u32>>, bool) {
+    let mut k = NetlinkKernel::new().unwrap();
+    let owned = probe_ownership(&mut k).unwrap() == Ownership::Owned;
+    let flags = IpFamily::ALL
+        .iter()
+        .map(|&f| k.table_info(f, "nodeproxy").unwrap().map(|i| i.flags))
+        .collect();
+    (flags, owned)
+}
+
 #[test]
 fn every_golden_programmed_through_netlink_lists_back_as_rendered() {
     for case in cases() {
         let case2 = case.clone();
-        let (first, second, listing) = in_netns(move || {
+        let (first, second, listing, (flags, owned)) = in_netns(move || {
             let first = once(&case2);
             let listing = listed();
+            let flags = table_flags();
             let second = once(&case2);
-            (first, second, listing)
+            (first, second, listing, flags)
         });
         assert_eq!(
             normalise(&listing),
             normalise(&golden(&case)),
             "{case}: kernel listing differs from the golden\n{first}"
         );
+        // `--once` exited: its tables are orphans (persist, no owner) where the kernel supports
+        // ownership, so that the daemon can take them over; plain tables elsewhere.
+        let want = if owned { TABLE_F_PERSIST } else { 0 };
+        assert_eq!(flags, vec![Some(want), Some(want)], "{case}");
+        assert_eq!(flags[0].unwrap_or(0) & TABLE_F_OWNER, 0);
+        // Re-applying the same state sends nothing but the take-over of the two orphans
+        // (BATCH_BEGIN, NEWTABLE, BATCH_END each).
+        let nothing = if owned {
+            "0 element(s) added, 0 removed, 0 chain(s) rewritten; took over 2 orphaned \
+             table(s); 6 message(s),"
+        } else {
+            "0 element(s) added, 0 removed, 0 chain(s) rewritten; 0 message(s), 0 bytes"
+        };
         assert!(
-            second.contains("0 message(s), 0 bytes"),
-            "{case}: re-applying the same state must send nothing:\n{second}"
+            second.contains(nothing),
+            "{case}: re-applying the same state must change nothing:\n{second}"
         );
     }
 }
@@ -183,6 +217,22 @@ fn cleanup_removes_our_tables_and_nothing_else() {
     });
     assert!(!ours.contains("table ip nodeproxy\n") && !ours.contains("table ip6 nodeproxy\n"));
     assert!(all.contains("table inet other") && all.contains("table ip nodeproxy-not"));
+}
+
+#[test]
+fn ownership_decoration_is_stripped_exactly() {
+    let plain = "table ip nodeproxy {\n\tcomment \"c\"\n\tset a {\n\t}\n}\n";
+    let owned = "table ip nodeproxy { # progname nodeproxy\n\tflags owner\n\tcomment \"c\"\n\n\tset a {\n\t}\n}\n";
+    let orphan = "table ip nodeproxy {\n\tflags \n\tcomment \"c\"\n\n\tset a {\n\t}\n}\n";
+    assert_eq!(strip_ownership(owned), plain);
+    assert_eq!(strip_ownership(orphan), plain);
+    assert_eq!(strip_ownership(plain), plain);
+    // Only the table's own flags line goes: a set's flags stay.
+    let set_flags = "table ip t {\n\tset a {\n\t\tflags interval\n\t}\n}\n";
+    assert_eq!(strip_ownership(set_flags), set_flags);
+    // A blank line is only dropped after a flags line.
+    let blank = "table ip t {\n\tcomment \"c\"\n\n\tset a {\n\t}\n}\n";
+    assert_eq!(strip_ownership(blank), blank);
 }
 
 #[test]

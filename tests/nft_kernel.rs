@@ -7,6 +7,7 @@ mod common;
 use common::netns::{in_netns, nft, nft_load};
 use common::sample;
 use nodeproxy::model::IpFamily;
+use nodeproxy::nft::wire::{TABLE_F_OWNED, TABLE_F_PERSIST};
 use nodeproxy::nft::{self, Kernel, NetlinkKernel, NftError, WireData, WireElem, diff, lower};
 use nodeproxy::ruleset::{Atom, ElemData, Ruleset};
 
@@ -225,6 +226,119 @@ fn delete_tables_removes_only_ours() {
         // Nothing left to delete is fine.
         assert_eq!(k.delete_tables("nodeproxy").unwrap(), 0);
     });
+}
+
+fn owned_ruleset() -> Ruleset {
+    let mut rs = ruleset();
+    for t in &mut rs.tables {
+        t.owned = true;
+    }
+    rs
+}
+
+fn flags(k: &mut NetlinkKernel) -> Vec<Option<(u32, Option<u32>)>> {
+    IpFamily::ALL
+        .iter()
+        .map(|&f| {
+            k.table_info(f, "nodeproxy")
+                .unwrap()
+                .map(|i| (i.flags, i.owner))
+        })
+        .collect()
+}
+
+#[test]
+fn an_owned_table_reads_as_an_orphan_to_others_who_are_denied_naming_the_owner() {
+    in_netns(|| {
+        let mut owner = NetlinkKernel::new().unwrap();
+        // The ip table owned, the ip6 one not: a deletion of both must delete neither.
+        let mut rs = owned_ruleset();
+        rs.tables[1].owned = false;
+        nft::sync(&mut owner, rs.clone()).unwrap();
+        let port = owner.port_id();
+        assert_eq!(
+            flags(&mut owner),
+            vec![Some((TABLE_F_OWNED, Some(port))), Some((0, None))]
+        );
+        // The owner reads its flags back as it wrote them: nothing to do.
+        assert_eq!(nft::sync(&mut owner, rs).unwrap().messages, 0);
+        let before = list("ip");
+
+        let mut other = NetlinkKernel::new().unwrap();
+        let got = other
+            .read_table(IpFamily::V4, "nodeproxy")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            got.flags, TABLE_F_PERSIST,
+            "someone else's table reads as an orphan"
+        );
+        // So a sync tries to claim it, and the kernel's EPERM names the owner.
+        let err = nft::sync(&mut other, owned_ruleset()).unwrap_err();
+        let NftError::Denied { table, owner: who } = &err else {
+            panic!("expected Denied, got {err}");
+        };
+        assert_eq!(table, "table ip nodeproxy");
+        assert!(
+            who.as_deref()
+                .is_some_and(|w| w.contains(&format!("netlink port {port}"))),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("owned by another process"),
+            "{err}"
+        );
+        // Deleting is refused, atomically: the unowned ip6 table stays too.
+        let err = other.delete_tables("nodeproxy").unwrap_err();
+        assert!(matches!(err, NftError::Denied { .. }), "{err}");
+        assert_eq!(flags(&mut other).iter().flatten().count(), 2);
+        assert_eq!(list("ip"), before);
+    });
+}
+
+#[test]
+fn an_orphan_is_taken_over_by_the_next_sync_without_other_changes() {
+    in_netns(|| {
+        let mut first = NetlinkKernel::new().unwrap();
+        nft::sync(&mut first, owned_ruleset()).unwrap();
+        drop(first);
+        let mut second = NetlinkKernel::new().unwrap();
+        assert_eq!(flags(&mut second), vec![Some((TABLE_F_PERSIST, None)); 2]);
+        assert_kernel_holds_modulo_flags(&mut second, &owned_ruleset());
+        let rep = nft::sync(&mut second, owned_ruleset()).unwrap();
+        assert_eq!(rep.tables_claimed, 2, "{rep}");
+        assert_eq!((rep.elements_added, rep.elements_removed), (0, 0), "{rep}");
+        // BATCH_BEGIN, NEWTABLE, BATCH_END per table: nothing else.
+        assert_eq!(rep.messages, 6, "{rep}");
+        let port = second.port_id();
+        assert_eq!(
+            flags(&mut second),
+            vec![Some((TABLE_F_OWNED, Some(port))); 2]
+        );
+        assert_kernel_holds(&mut second, &owned_ruleset());
+    });
+}
+
+#[test]
+fn a_table_created_without_persist_stays_unowned() {
+    in_netns(|| {
+        let mut k = NetlinkKernel::new().unwrap();
+        nft::sync(&mut k, ruleset()).unwrap();
+        // The kernel refuses to add ownership to it (EOPNOTSUPP), so the diff does not try.
+        let rep = nft::sync(&mut k, owned_ruleset()).unwrap();
+        assert_eq!((rep.messages, rep.tables_claimed), (0, 0), "{rep}");
+        assert_eq!(flags(&mut k), vec![Some((0, None)); 2]);
+    });
+}
+
+/// Like [`assert_kernel_holds`], but for an orphan: the flags differ from the owned tables'.
+fn assert_kernel_holds_modulo_flags(k: &mut NetlinkKernel, rs: &Ruleset) {
+    for t in &rs.tables {
+        let want = lower(t).unwrap();
+        let mut got = k.read_table(t.family, "nodeproxy").unwrap().unwrap();
+        got.flags = want.flags;
+        assert_eq!(want, got, "{:?}", t.family);
+    }
 }
 
 #[test]

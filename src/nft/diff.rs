@@ -10,9 +10,15 @@ use crate::model::IpFamily;
 
 #[derive(Debug, Clone)]
 pub enum Op<'a> {
+    /// NEWTABLE creating our table.
     AddTable {
         flags: u32,
         userdata: &'a [u8],
+    },
+    /// NEWTABLE changing the flags of the existing table: in practice, claiming an orphaned
+    /// table (see [`table_flags_update`]).
+    UpdateTable {
+        flags: u32,
     },
     /// NEWCHAIN with `NLM_F_EXCL` (hook, type, policy, userdata; not the rules).
     AddChain {
@@ -56,6 +62,7 @@ impl Op<'_> {
     pub fn kind(&self) -> &'static str {
         match self {
             Op::AddTable { .. } => "add table",
+            Op::UpdateTable { .. } => "update table",
             Op::AddChain { .. } => "add chain",
             Op::DelChain { .. } => "delete chain",
             Op::FlushChain { .. } => "flush chain",
@@ -110,6 +117,13 @@ impl Plan<'_> {
                 }
             })
             .sum()
+    }
+
+    /// Orphaned tables this plan claims (0 or 1).
+    pub fn tables_claimed(&self) -> usize {
+        self.ops()
+            .filter(|o| matches!(o, Op::UpdateTable { flags } if flags & super::wire::TABLE_F_OWNER != 0))
+            .count()
     }
 
     pub fn chains_rewritten(&self) -> usize {
@@ -192,13 +206,12 @@ pub fn diff<'a>(current: Option<&'a WireTable>, desired: &'a WireTable) -> Plan<
         return plan;
     };
 
-    // A table's flags can be updated in place; its userdata cannot (the kernel ignores it on
-    // update), so a changed table comment is left as it is.
-    if cur.flags != desired.flags {
-        plan.phase1.push(Op::AddTable {
-            flags: desired.flags,
-            userdata: &desired.userdata,
-        });
+    // A table's flags can be updated in place (within the limits of `table_flags_update`); its
+    // userdata cannot (the kernel ignores it on update), so a changed table comment is left as
+    // it is. Claiming an orphaned table is this update, first in the transaction, so that every
+    // following message already finds the table ours.
+    if let Some(flags) = table_flags_update(cur.flags, desired.flags) {
+        plan.phase1.push(Op::UpdateTable { flags });
     }
 
     let old_chain_refs = chain_refs_of_table(cur);
@@ -356,6 +369,34 @@ pub fn diff<'a>(current: Option<&'a WireTable>, desired: &'a WireTable) -> Plan<
         }
     }
     plan
+}
+
+/// The flags to send to turn an existing table with flags `cur` into one with `want`; `None`
+/// when they are equal, or when the kernel cannot make the change in place.
+///
+/// The kernel's rules for an update (`nf_tables_updtable`, kernel 6.9+, checked on 6.18), in
+/// terms of `NFT_TABLE_F_OWNER` and `NFT_TABLE_F_PERSIST`: persist never changes; an owner
+/// never gives up ownership; ownership is gained only by claiming an orphan (persist without
+/// owner). Anything else is EOPNOTSUPP and would fail the whole transaction, every time. So a
+/// table created without persist (by a nodeproxy that predates ownership, or by `nft -f`) keeps
+/// its flags: it stays unowned until it is deleted, rather than being recreated, which would
+/// drop the affinity pins in its dynamic sets. `cur` has the owner flag only when the table is
+/// ours (see `Kernel::read_table`), so "someone else owns it" reads as an orphan, and the claim
+/// then fails with EPERM, naming the owner.
+pub fn table_flags_update(cur: u32, want: u32) -> Option<u32> {
+    const OWNER: u32 = super::wire::TABLE_F_OWNER;
+    const PERSIST: u32 = super::wire::TABLE_F_PERSIST;
+    if cur == want {
+        return None;
+    }
+    let persist_changes = (cur ^ want) & PERSIST != 0;
+    let gives_up_ownership = cur & OWNER != 0 && want & OWNER == 0;
+    let orphan = cur & (OWNER | PERSIST) == PERSIST;
+    let gains_ownership = cur & OWNER == 0 && want & OWNER != 0;
+    if persist_changes || gives_up_ownership || (gains_ownership && !orphan) {
+        return None;
+    }
+    Some(want)
 }
 
 type ElemRef<'a> = (&'a [u8], &'a WireElem);

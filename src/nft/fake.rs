@@ -22,10 +22,41 @@ const ENOENT: i32 = 2;
 const EEXIST: i32 = 17;
 const EBUSY: i32 = 16;
 const EINVAL: i32 = 22;
+const EOPNOTSUPP: i32 = 95;
+
+/// Whether the kernel accepts changing an existing table's flags from `cur` to `want`, written
+/// after `nf_tables_updtable` (kernel 6.9+, with the fix that lets an owner resend its flags):
+/// independent of `diff::table_flags_update`, so that tests catch a diff sending an update the
+/// kernel would refuse.
+fn kernel_accepts_table_update(cur: u32, want: u32) -> bool {
+    use super::wire::{TABLE_F_OWNER, TABLE_F_PERSIST};
+    let has_owner = |f: u32| f & TABLE_F_OWNER != 0;
+    let is_orphan = |f: u32| f & (TABLE_F_OWNER | TABLE_F_PERSIST) == TABLE_F_PERSIST;
+    if want == cur {
+        return true;
+    }
+    if (has_owner(cur) && !has_owner(want))
+        || (has_owner(want) && !(has_owner(cur) || is_orphan(cur)))
+    {
+        return false;
+    }
+    (want ^ cur) & TABLE_F_PERSIST == 0
+}
 
 impl FakeKernel {
     pub fn new() -> FakeKernel {
         FakeKernel::default()
+    }
+
+    /// What the kernel does to our tables when the owning process exits (its netlink socket
+    /// closes): owned persistent tables become orphans, owned ones without persist are deleted.
+    pub fn owner_exits(&mut self) {
+        use super::wire::{TABLE_F_OWNER, TABLE_F_PERSIST};
+        self.tables
+            .retain(|_, t| t.flags & TABLE_F_OWNER == 0 || t.flags & TABLE_F_PERSIST != 0);
+        for t in self.tables.values_mut() {
+            t.flags &= !TABLE_F_OWNER;
+        }
     }
 
     fn run(
@@ -74,8 +105,13 @@ fn apply_op(
         let t = tables.entry(key.clone()).or_insert_with(|| {
             let mut t = WireTable::new(key.0, &key.1);
             t.userdata = userdata.to_vec();
+            t.flags = *flags;
             t
         });
+        // NEWTABLE on an existing table is an update of its flags.
+        if !kernel_accepts_table_update(t.flags, *flags) {
+            return Err((EOPNOTSUPP, desc.to_owned()));
+        }
         t.flags = *flags;
         return Ok(());
     }
@@ -84,6 +120,12 @@ fn apply_op(
     };
     match op {
         Op::AddTable { .. } => {}
+        Op::UpdateTable { flags } => {
+            if !kernel_accepts_table_update(t.flags, *flags) {
+                return Err((EOPNOTSUPP, desc.to_owned()));
+            }
+            t.flags = *flags;
+        }
         Op::AddChain { name, chain } => {
             if t.chains.contains_key(*name) {
                 return Err((EEXIST, format!("chain {name} of {desc}")));

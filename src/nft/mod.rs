@@ -8,6 +8,7 @@ pub mod diff;
 pub mod fake;
 pub mod msg;
 pub mod netlink;
+pub mod owner;
 pub mod probe;
 pub mod udata;
 pub mod wire;
@@ -93,6 +94,29 @@ pub enum NftError {
     Unknown(String),
     #[error("dump interrupted by concurrent ruleset changes, retries exhausted")]
     Interrupted,
+    /// EPERM: the table is owned by another process (nftables table ownership), or we lack
+    /// CAP_NET_ADMIN. Not a Service's fault, so never a reason to quarantine one.
+    #[error("{}", denied_message(table, owner.as_deref()))]
+    Denied {
+        /// `table ip nodeproxy`
+        table: String,
+        /// Who owns it, when the kernel says (see `NetlinkKernel::describe_owner`).
+        owner: Option<String>,
+    },
+}
+
+fn denied_message(table: &str, owner: Option<&str>) -> String {
+    match owner {
+        Some(owner) => format!(
+            "{table} is owned by another process ({owner}): only the owner of a table may \
+             change or delete it (nftables table ownership); stop that process first (a \
+             nodeproxy leaves its table in place and the next one takes it over)"
+        ),
+        None => format!(
+            "the kernel refused to change {table} (EPERM): changing nftables needs \
+             CAP_NET_ADMIN in the network namespace"
+        ),
+    }
 }
 
 /// What one `apply` did.
@@ -110,12 +134,17 @@ pub struct ApplyStats {
 
 /// A kernel holding nftables tables: the netlink backend, or the in-memory fake.
 pub trait Kernel {
-    /// Reads our table back in wire form; `None` when it does not exist.
+    /// Reads our table back in wire form; `None` when it does not exist. Its flags carry
+    /// `NFT_TABLE_F_OWNER` only when this handle owns the table: a table owned by another
+    /// process reads as an orphan, so that the diff tries to claim it and the kernel's EPERM
+    /// then names the owner ([`NftError::Denied`]).
     fn read_table(&mut self, family: IpFamily, name: &str) -> Result<Option<WireTable>, NftError>;
     /// Applies a plan: phase 1 as one transaction, then phase 2 as another.
     fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError>;
-    /// Deletes table `name` of families ip and ip6 where present (`--cleanup`); returns how
-    /// many were deleted. Tables of other names or families are never touched.
+    /// Deletes table `name` of families ip and ip6 where present (`--cleanup`), all in one
+    /// transaction: both or neither (a table owned by another process fails it with
+    /// [`NftError::Denied`]). Returns how many were deleted. Tables of other names or families
+    /// are never touched.
     fn delete_tables(&mut self, name: &str) -> Result<usize, NftError>;
 }
 
@@ -128,6 +157,8 @@ pub struct SyncReport {
     pub elements_added: usize,
     pub elements_removed: usize,
     pub chains_rewritten: usize,
+    /// Orphaned tables (left by an exited nodeproxy) taken over: see `diff::table_flags_update`.
+    pub tables_claimed: usize,
     /// Plans with nothing to do are not sent.
     pub empty_plans: usize,
     /// Lowering the IR.
@@ -147,13 +178,16 @@ impl fmt::Display for SyncReport {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         write!(
             f,
-            "synced {} table(s): {} element(s) added, {} removed, {} chain(s) rewritten; \
-             {} message(s), {} bytes; lower {:.2} ms, read back {:.2} ms, diff {:.2} ms, \
+            "synced {} table(s): {} element(s) added, {} removed, {} chain(s) rewritten; ",
+            self.tables, self.elements_added, self.elements_removed, self.chains_rewritten,
+        )?;
+        if self.tables_claimed > 0 {
+            write!(f, "took over {} orphaned table(s); ", self.tables_claimed)?;
+        }
+        write!(
+            f,
+            "{} message(s), {} bytes; lower {:.2} ms, read back {:.2} ms, diff {:.2} ms, \
              encode {:.2} ms, kernel {:.3} ms",
-            self.tables,
-            self.elements_added,
-            self.elements_removed,
-            self.chains_rewritten,
             self.messages,
             self.bytes,
             ms(self.lower),
@@ -187,6 +221,7 @@ pub fn sync(kernel: &mut impl Kernel, desired: Ruleset) -> Result<SyncReport, Nf
         rep.elements_added += plan.elements_added();
         rep.elements_removed += plan.elements_removed();
         rep.chains_rewritten += plan.chains_rewritten();
+        rep.tables_claimed += plan.tables_claimed();
         let st = kernel.apply(&plan)?;
         rep.messages += st.messages;
         rep.bytes += st.bytes;

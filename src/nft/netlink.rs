@@ -11,6 +11,7 @@ use nix::sys::socket::{setsockopt, sockopt};
 
 use super::diff::{Op, Plan};
 use super::msg::*;
+use super::owner::{Holder, TableInfo, describe_owner};
 use super::wire::{
     self, WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable,
     expr_attr_type, nfproto,
@@ -39,6 +40,7 @@ const DELSETELEM: u16 = 14;
 const TABLE_NAME: u16 = 1;
 const TABLE_FLAGS: u16 = 2;
 const TABLE_USERDATA: u16 = 6;
+const TABLE_OWNER: u16 = 7;
 const CHAIN_TABLE: u16 = 1;
 const CHAIN_NAME: u16 = 3;
 const CHAIN_HOOK: u16 = 4;
@@ -268,6 +270,11 @@ fn encode_op(
                 put_attr(buf, TABLE_USERDATA, userdata);
             }
         }
+        Op::UpdateTable { flags } => {
+            start = begin_msg(buf, nft_type(NEWTABLE), NLM_F_REQUEST, seq, fam, 0);
+            put_str(buf, TABLE_NAME, table);
+            put_u32_be(buf, TABLE_FLAGS, *flags);
+        }
         Op::AddChain { name, chain } => {
             start = begin_msg(
                 buf,
@@ -387,7 +394,7 @@ fn describe(
     range: (usize, usize),
 ) -> (String, Option<ServicePortName>) {
     match op {
-        Op::AddTable { .. } => (plan_table.to_owned(), None),
+        Op::AddTable { .. } | Op::UpdateTable { .. } => (plan_table.to_owned(), None),
         Op::AddChain { name, .. } | Op::DelChain { name } | Op::FlushChain { name } => {
             (format!("chain {name} of {plan_table}"), None)
         }
@@ -492,8 +499,18 @@ pub fn open_socket(recv_timeout: Duration) -> Result<(Socket, u32), (&'static st
 /// The netlink backend.
 pub struct NetlinkKernel {
     sock: Socket,
+    /// Our socket's netlink port id: what the kernel records as the owner of a table we create
+    /// or claim with `NFT_TABLE_F_OWNER`.
+    port: u32,
     seq: u32,
     rbuf: Vec<u8>,
+}
+
+/// A table's name and header from a GETTABLE dump.
+struct TableHeader {
+    name: String,
+    info: TableInfo,
+    userdata: Vec<u8>,
 }
 
 impl NetlinkKernel {
@@ -506,8 +523,12 @@ impl NetlinkKernel {
             .map_err(io_err("set NETLINK_EXT_ACK"))?;
         // Room for many error replies and for dump batches.
         let _ = setsockopt(&sock, sockopt::RcvBufForce, &(8 << 20));
+        let mut addr = netlink_sys::SocketAddr::new(0, 0);
+        sock.get_address(&mut addr)
+            .map_err(io_err("getsockname of the netlink socket"))?;
         Ok(NetlinkKernel {
             sock,
+            port: addr.port_number(),
             seq,
             rbuf: Vec::with_capacity(1 << 20),
         })
@@ -652,6 +673,9 @@ impl NetlinkKernel {
             }
         }
         stats.kernel += t1.elapsed();
+        if errors.iter().any(is_eperm) {
+            return Err(self.denied(plan.family, &plan.table));
+        }
         if !errors.is_empty() {
             return Err(NftError::Rejected { errors });
         }
@@ -727,36 +751,91 @@ impl NetlinkKernel {
         }
     }
 
+    /// The headers of every table of `family`.
+    fn table_headers(&mut self, family: IpFamily) -> Result<Vec<TableHeader>, NftError> {
+        let Some(tables) = self.dump(nfproto(family), GETTABLE, &[])? else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(tables.len());
+        for t in &tables {
+            let mut h = TableHeader {
+                name: String::new(),
+                info: TableInfo {
+                    flags: 0,
+                    owner: None,
+                },
+                userdata: Vec::new(),
+            };
+            for (ty, p, _) in Attrs::new(t) {
+                match ty & NLA_TYPE_MASK {
+                    TABLE_NAME => h.name = cstr(p),
+                    TABLE_FLAGS => h.info.flags = be_u32(p).unwrap_or(0),
+                    TABLE_OWNER => h.info.owner = be_u32(p),
+                    TABLE_USERDATA => h.userdata = p.to_vec(),
+                    _ => {}
+                }
+            }
+            out.push(h);
+        }
+        Ok(out)
+    }
+
+    /// Our socket's netlink port id (the owner id of tables we own).
+    pub fn port_id(&self) -> u32 {
+        self.port
+    }
+
+    /// The header of table `name` of `family` (cheap: no chains, sets or elements); `None` when
+    /// it does not exist.
+    pub fn table_info(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<TableInfo>, NftError> {
+        for _ in 0..5 {
+            match self.table_headers(family) {
+                Err(NftError::Interrupted) => continue,
+                Err(e) => return Err(e),
+                Ok(hs) => return Ok(hs.into_iter().find(|h| h.name == name).map(|h| h.info)),
+            }
+        }
+        Err(NftError::Interrupted)
+    }
+
+    /// The error for an EPERM on `table`: who owns it, if anyone.
+    fn denied(&mut self, family: IpFamily, table: &str) -> NftError {
+        let owner = match self.table_info(family, table) {
+            Ok(Some(info)) => match info.holder(self.port) {
+                Holder::Other(port) => Some(describe_owner(port)),
+                _ => None,
+            },
+            _ => None,
+        };
+        NftError::Denied {
+            table: format!("table {} {table}", wire::family_keyword(family)),
+            owner,
+        }
+    }
+
     fn read_table_once(
         &mut self,
         family: IpFamily,
         name: &str,
     ) -> Result<Option<WireTable>, NftError> {
         let fam = nfproto(family);
-        let Some(tables) = self.dump(fam, GETTABLE, &[])? else {
+        let Some(header) = self
+            .table_headers(family)?
+            .into_iter()
+            .find(|h| h.name == name)
+        else {
             return Ok(None);
         };
-        let mut table = None;
-        for t in &tables {
-            let mut tname = String::new();
-            let mut flags = 0;
-            let mut ud = Vec::new();
-            for (ty, p, _) in Attrs::new(t) {
-                match ty & NLA_TYPE_MASK {
-                    TABLE_NAME => tname = cstr(p),
-                    TABLE_FLAGS => flags = be_u32(p).unwrap_or(0),
-                    TABLE_USERDATA => ud = p.to_vec(),
-                    _ => {}
-                }
-            }
-            if tname == name {
-                let mut w = WireTable::new(family, name);
-                w.flags = flags;
-                w.userdata = ud;
-                table = Some(w);
-            }
+        let mut w = WireTable::new(family, name);
+        w.flags = header.info.flags;
+        if header.info.holder(self.port) != Holder::Us {
+            w.flags &= !wire::TABLE_F_OWNER;
         }
-        let Some(mut w) = table else { return Ok(None) };
+        w.userdata = header.userdata;
 
         for c in self
             .dump(fam, GETCHAIN, &[(CHAIN_TABLE, name)])?
@@ -1047,79 +1126,54 @@ impl Kernel for NetlinkKernel {
     }
 
     fn delete_tables(&mut self, name: &str) -> Result<usize, NftError> {
-        let mut deleted = 0;
-        for family in IpFamily::ALL {
-            if self.read_table_once(family, name)?.is_none() {
-                continue;
-            }
-            let fam = nfproto(family);
-            let mut buf = Vec::new();
-            let seq = self.next_seq(1);
-            let s = begin_msg(
-                &mut buf,
-                NFNL_MSG_BATCH_BEGIN,
-                NLM_F_REQUEST,
-                seq,
-                0,
-                NFNL_SUBSYS_NFTABLES,
-            );
-            end(&mut buf, s)?;
-            let s = begin_msg(&mut buf, nft_type(DELTABLE), NLM_F_REQUEST, seq + 1, fam, 0);
-            put_str(&mut buf, TABLE_NAME, name);
-            end(&mut buf, s)?;
-            let s = begin_msg(
-                &mut buf,
-                NFNL_MSG_BATCH_END,
-                NLM_F_REQUEST | NLM_F_ACK,
-                seq + 2,
-                0,
-                NFNL_SUBSYS_NFTABLES,
-            );
-            end(&mut buf, s)?;
-            self.seq = seq + 3;
-            self.sock
-                .send(&buf, 0)
-                .map_err(io_err("send delete table"))?;
-            loop {
-                match self.recv(nix::libc::MSG_DONTWAIT) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        return Err(NftError::Io {
-                            context: "receive delete table reply".into(),
-                            source: e,
-                        });
-                    }
+        // A table someone else deletes between our read and our transaction fails it with
+        // ENOENT: read again and retry.
+        let mut last = None;
+        for _ in 0..3 {
+            let mut msgs = Vec::new();
+            for family in IpFamily::ALL {
+                if self.table_info(family, name)?.is_none() {
+                    continue;
                 }
-                for m in messages(&self.rbuf) {
-                    if m.ty != NLMSG_ERROR {
-                        continue;
-                    }
-                    let code = m
-                        .payload
-                        .get(..4)
-                        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                        .unwrap_or(0);
-                    // Someone else deleted it meanwhile: fine.
-                    if code != 0 && code != -nix::libc::ENOENT {
-                        return Err(NftError::Rejected {
-                            errors: vec![RejectedOp {
-                                op: "delete table",
-                                object: format!("table {} {name}", wire::family_keyword(family)),
-                                origin: None,
-                                errno: io::Error::from_raw_os_error(-code),
-                                ext_ack: None,
-                                ext_ack_offset: None,
-                                phase: 1,
-                            }],
-                        });
-                    }
-                }
+                let mut attrs = Vec::new();
+                put_str(&mut attrs, TABLE_NAME, name);
+                msgs.push(RawMsg {
+                    ty: DELTABLE,
+                    flags: 0,
+                    family: nfproto(family),
+                    attrs,
+                    op: "delete table",
+                    object: format!("table {} {name}", wire::family_keyword(family)),
+                });
             }
-            deleted += 1;
+            match self.transact_raw(&msgs) {
+                Ok(()) => return Ok(msgs.len()),
+                Err(NftError::Rejected { errors }) => {
+                    if let Some(e) = errors.iter().find(|e| is_eperm(e)) {
+                        let family = if e.object.starts_with("table ip6 ") {
+                            IpFamily::V6
+                        } else {
+                            IpFamily::V4
+                        };
+                        return Err(self.denied(family, name));
+                    }
+                    if !errors
+                        .iter()
+                        .all(|e| e.errno.raw_os_error() == Some(nix::libc::ENOENT))
+                    {
+                        return Err(NftError::Rejected { errors });
+                    }
+                    last = Some(NftError::Rejected { errors });
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(deleted)
+        Err(last.unwrap_or(NftError::Interrupted))
     }
+}
+
+fn is_eperm(e: &RejectedOp) -> bool {
+    e.errno.raw_os_error() == Some(nix::libc::EPERM)
 }
 
 /// One message of a raw transaction (objects outside our table, e.g. another proxy's leftovers).

@@ -13,6 +13,7 @@ use std::fmt;
 
 use super::diff::{Op, Plan};
 use super::msg::put_attr;
+use super::owner::Ownership;
 use super::wire::{WireExpr, WireSet, WireTable, lower};
 use super::{Kernel, NetlinkKernel, NftError};
 use crate::model::{IpFamily, Protocol};
@@ -21,10 +22,7 @@ use crate::ruleset::{
     SetData, Stmt, Table, Verdict,
 };
 
-/// `NFT_TABLE_F_OWNER` (kernel 5.12): the table belongs to the netlink socket that created it.
-pub const TABLE_F_OWNER: u32 = 0x2;
-/// `NFT_TABLE_F_PERSIST` (kernel 6.9): an owned table survives its owner's exit.
-pub const TABLE_F_PERSIST: u32 = 0x4;
+pub use super::wire::{TABLE_F_OWNER, TABLE_F_PERSIST};
 
 /// A feature the kernel refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +60,10 @@ pub struct Capabilities {
 impl Capabilities {
     pub fn complete(&self) -> bool {
         self.missing.is_empty()
+    }
+
+    pub fn ownership(&self) -> Ownership {
+        Ownership::from_flags(self.table_owner, self.table_persist)
     }
 }
 
@@ -138,6 +140,17 @@ fn probe_table_name() -> String {
     format!("nodeproxy-probe-{}", std::process::id())
 }
 
+/// Only the table flags part of [`probe`] (for `--once`, which runs no full probe): which
+/// ownership our tables get.
+pub fn probe_ownership(kernel: &mut NetlinkKernel) -> Result<Ownership, NftError> {
+    let name = probe_table_name();
+    let result = table_flags(kernel, &name);
+    let cleanup = kernel.delete_tables(&name);
+    let (owner, persist) = result?;
+    cleanup?;
+    Ok(Ownership::from_flags(owner, persist))
+}
+
 fn probe_with(kernel: &mut NetlinkKernel, probes: &[Probe]) -> Result<Capabilities, NftError> {
     let name = probe_table_name();
     let result = run(kernel, &name, probes);
@@ -177,13 +190,23 @@ fn table_flags_supported(
     }
 }
 
+/// `(owner, persist)`: whether the kernel accepts `NFT_TABLE_F_OWNER`, and
+/// `NFT_TABLE_F_OWNER | NFT_TABLE_F_PERSIST` (the only way we use persist; kernels before 6.9
+/// refuse the unknown flag with EOPNOTSUPP). The persistent probe table is deleted at once; a
+/// crash in between would leave it behind, orphaned, for `nft delete table` to remove.
+fn table_flags(kernel: &mut NetlinkKernel, name: &str) -> Result<(bool, bool), NftError> {
+    let persist = table_flags_supported(kernel, name, TABLE_F_OWNER | TABLE_F_PERSIST)?;
+    let owner = persist || table_flags_supported(kernel, name, TABLE_F_OWNER)?;
+    Ok((owner, persist))
+}
+
 fn run(kernel: &mut NetlinkKernel, name: &str, probes: &[Probe]) -> Result<Capabilities, NftError> {
+    let (table_owner, table_persist) = table_flags(kernel, name)?;
     let mut caps = Capabilities {
-        // Persist is only meaningful (and only accepted) together with owner.
-        table_persist: table_flags_supported(kernel, name, TABLE_F_OWNER | TABLE_F_PERSIST)?,
+        table_owner,
+        table_persist,
         ..Capabilities::default()
     };
-    caps.table_owner = caps.table_persist || table_flags_supported(kernel, name, TABLE_F_OWNER)?;
     let flags = if caps.table_owner { TABLE_F_OWNER } else { 0 };
     for family in IpFamily::ALL {
         kernel.apply(&table_plan(family, name, flags))?;
@@ -293,6 +316,7 @@ fn table(family: IpFamily, sets: Vec<Set>, chains: Vec<Chain>) -> Result<WireTab
         family,
         name: probe_table_name(),
         comment: String::new(),
+        owned: false,
         sets,
         chains,
     })

@@ -63,6 +63,7 @@ fn table(elems: Vec<Element>, extra_chain: bool) -> Table {
         family: IpFamily::V4,
         name: "nodeproxy".into(),
         comment: "t".into(),
+        owned: false,
         sets: vec![Set {
             name: "service-ips".into(),
             comment: String::new(),
@@ -238,4 +239,186 @@ fn keys_format_like_nft() {
     let s = &t.sets["service-ips"];
     let (k, _) = s.elements.iter().next().unwrap();
     assert_eq!(s.format_key(k), "10.96.0.1 . tcp . 80");
+}
+
+// ---- table ownership ----
+
+use super::diff::table_flags_update;
+use super::wire::{TABLE_F_OWNED, TABLE_F_OWNER, TABLE_F_PERSIST};
+
+fn owned(elems: Vec<Element>) -> Table {
+    let mut t = table(elems, false);
+    t.owned = true;
+    t
+}
+
+fn flags_in_kernel(k: &FakeKernel) -> u32 {
+    k.tables[&(IpFamily::V4, "nodeproxy".to_string())].flags
+}
+
+#[test]
+fn table_flags_update_claims_only_orphans() {
+    // (current, wanted, what the diff sends)
+    let cases = [
+        (TABLE_F_PERSIST, TABLE_F_OWNED, Some(TABLE_F_OWNED)),
+        (TABLE_F_OWNED, TABLE_F_OWNED, None),
+        (0, 0, None),
+        // Created without persist: the kernel cannot add it, nor ownership without it.
+        (0, TABLE_F_OWNED, None),
+        (0, TABLE_F_OWNER, None),
+        // An owner never gives up ownership, and persist never changes.
+        (TABLE_F_OWNED, 0, None),
+        (TABLE_F_OWNED, TABLE_F_OWNER, None),
+        (TABLE_F_PERSIST, 0, None),
+        (TABLE_F_OWNER, TABLE_F_OWNED, None),
+    ];
+    for (cur, want, sent) in cases {
+        assert_eq!(
+            table_flags_update(cur, want),
+            sent,
+            "from {cur:#x} to {want:#x}"
+        );
+    }
+}
+
+/// Every pair of ownership flags: the diff sends an update exactly when the kernel (as the fake
+/// models `nf_tables_updtable`) accepts it, so it never fails a transaction with EOPNOTSUPP and
+/// never leaves a possible claim undone.
+#[test]
+fn table_flags_update_agrees_with_the_kernel_rules() {
+    let all = [0, TABLE_F_OWNER, TABLE_F_PERSIST, TABLE_F_OWNED];
+    for cur in all {
+        for want in all {
+            if cur == want {
+                continue;
+            }
+            let mut k = FakeKernel::new();
+            let mut w = WireTable::new(IpFamily::V4, "nodeproxy");
+            w.flags = cur;
+            k.tables.insert((IpFamily::V4, "nodeproxy".into()), w);
+            let plan = Plan {
+                family: IpFamily::V4,
+                table: "nodeproxy".into(),
+                phase1: vec![Op::UpdateTable { flags: want }],
+                phase2: vec![],
+            };
+            let accepted = k.apply(&plan).is_ok();
+            assert_eq!(
+                table_flags_update(cur, want).is_some(),
+                accepted,
+                "from {cur:#x} to {want:#x}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_owned_table_is_created_owned_and_renders_as_an_unowned_one() {
+    let t = owned(vec![svc_elem(1, 80, "a")]);
+    assert_eq!(lower(&t).unwrap().flags, TABLE_F_OWNED);
+    assert_eq!(lower(&table(vec![], false)).unwrap().flags, 0);
+    let mut k = FakeKernel::new();
+    converge(&mut k, &t);
+    assert_eq!(flags_in_kernel(&k), TABLE_F_OWNED);
+    let mut unowned = t.clone();
+    unowned.owned = false;
+    assert_eq!(
+        crate::ruleset::render::render_table(&t),
+        crate::ruleset::render::render_table(&unowned)
+    );
+}
+
+#[test]
+fn an_orphan_is_claimed_first_in_the_transaction_that_carries_the_changes() {
+    let mut k = FakeKernel::new();
+    converge(&mut k, &owned(vec![svc_elem(1, 80, "a")]));
+    k.owner_exits();
+    assert_eq!(
+        flags_in_kernel(&k),
+        TABLE_F_PERSIST,
+        "orphaned, not deleted"
+    );
+    let before = k.transactions;
+
+    let t2 = owned(vec![svc_elem(1, 80, "a"), svc_elem(2, 80, "a")]);
+    let cur = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
+    let want = lower(&t2).unwrap();
+    let plan = diff(Some(&cur), &want);
+    assert!(
+        matches!(plan.phase1.as_slice(), [
+            Op::UpdateTable { flags: TABLE_F_OWNED },
+            Op::AddElems { elems, .. },
+        ] if elems.len() == 1),
+        "{plan:?}"
+    );
+    assert!(plan.phase2.is_empty());
+    assert_eq!(plan.tables_claimed(), 1);
+    let rep = converge(&mut k, &t2);
+    assert_eq!(rep.tables_claimed, 1);
+    assert_eq!(rep.elements_added, 1);
+    assert!(
+        rep.to_string().contains("took over 1 orphaned table(s)"),
+        "{rep}"
+    );
+    assert_eq!(k.transactions, before + 1, "one transaction");
+    assert_eq!(
+        k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap(),
+        want
+    );
+    // Ours now: nothing left to do.
+    let again = converge(&mut k, &t2);
+    assert_eq!((again.empty_plans, again.tables_claimed), (1, 0));
+}
+
+#[test]
+fn claiming_an_unchanged_orphan_changes_nothing_else() {
+    let t = owned(vec![svc_elem(1, 80, "a")]);
+    let mut k = FakeKernel::new();
+    converge(&mut k, &t);
+    k.owner_exits();
+    let cur = k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap();
+    let want = lower(&t).unwrap();
+    let plan = diff(Some(&cur), &want);
+    assert!(
+        matches!(
+            plan.phase1.as_slice(),
+            [Op::UpdateTable {
+                flags: TABLE_F_OWNED
+            }]
+        ),
+        "{plan:?}"
+    );
+    assert!(plan.phase2.is_empty());
+}
+
+#[test]
+fn a_table_without_persist_stays_unowned_and_syncs() {
+    // Left by a nodeproxy without ownership (or loaded with nft -f): same contents, flags 0.
+    let mut k = FakeKernel::new();
+    converge(&mut k, &table(vec![svc_elem(1, 80, "a")], false));
+    let t = owned(vec![svc_elem(1, 80, "a")]);
+    let rep = converge(&mut k, &t);
+    assert_eq!(
+        rep.empty_plans, 1,
+        "no impossible flag update is sent: {rep:?}"
+    );
+    let t2 = owned(vec![svc_elem(1, 80, "a"), svc_elem(2, 80, "a")]);
+    let rep = converge(&mut k, &t2);
+    assert_eq!((rep.elements_added, rep.tables_claimed), (1, 0));
+    assert_eq!(flags_in_kernel(&k), 0);
+    // Once deleted, it comes back owned.
+    k.delete_tables("nodeproxy").unwrap();
+    converge(&mut k, &t2);
+    assert_eq!(flags_in_kernel(&k), TABLE_F_OWNED);
+}
+
+#[test]
+fn an_owned_table_without_persist_vanishes_with_its_owner() {
+    // Why `Ownership::NotPersistent` (kernels 5.12 to 6.8) does not use the owner flag.
+    let mut k = FakeKernel::new();
+    let mut w = WireTable::new(IpFamily::V4, "nodeproxy");
+    w.flags = TABLE_F_OWNER;
+    k.tables.insert((IpFamily::V4, "nodeproxy".into()), w);
+    k.owner_exits();
+    assert!(k.read_table(IpFamily::V4, "nodeproxy").unwrap().is_none());
 }

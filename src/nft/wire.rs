@@ -19,6 +19,15 @@ use crate::ruleset::{
     SetKind, Stmt, Table, Verdict,
 };
 
+/// `NFT_TABLE_F_OWNER` (kernel 5.12): the table belongs to the netlink socket that created (or
+/// claimed) it; other sockets get EPERM on every change to it.
+pub const TABLE_F_OWNER: u32 = 0x2;
+/// `NFT_TABLE_F_PERSIST` (kernel 6.9): an owned table survives its owner, orphaned (the owner
+/// flag is dropped), and another socket can claim it by updating it with the owner flag.
+pub const TABLE_F_PERSIST: u32 = 0x4;
+/// The flags of a table owned by the process programming it ([`Table::owned`]).
+pub const TABLE_F_OWNED: u32 = TABLE_F_OWNER | TABLE_F_PERSIST;
+
 /// `NFT_SET_MAP`.
 pub const SET_F_MAP: u32 = 0x8;
 /// `NFT_SET_INTERVAL`, `NFT_SET_TIMEOUT`, `NFT_SET_EVAL` (dynamic), `NFT_SET_CONCAT`.
@@ -1123,6 +1132,9 @@ fn lower_impl<E: Borrow<Element>, I: IntoIterator<Item = E>>(
     let mut w = WireTable::new(family, &table.name);
     let desc = w.describe();
     w.userdata = udata::comment(&table.comment);
+    if table.owned {
+        w.flags = TABLE_F_OWNED;
+    }
     let mut chain_names: HashMap<String, Arc<str>> = HashMap::new();
     for set in &table.sets {
         let ws = lower_set(family, &desc, set, elements_of(set), &mut chain_names)?;

@@ -39,6 +39,10 @@ pub struct Settings {
     /// `--service-cidr`: ClusterIP ranges, at most one per family. New connections to an address
     /// in them that no Service holds are dropped.
     pub service_cidrs: Vec<IpNet>,
+    /// Our tables are owned by the programming process (see [`super::Table::owned`]). Never
+    /// from the configuration: set by the daemon and `--once` when the kernel supports it
+    /// (`nft::probe::Ownership`), so `--dry-run` output does not depend on the machine.
+    pub own_tables: bool,
 }
 
 /// The local-traffic detector (kube-proxy's `--detect-local-mode`): what tells traffic from
@@ -77,6 +81,7 @@ impl Settings {
             nodeport_addresses: config.nodeport_addresses.clone(),
             detect_local,
             service_cidrs: config.service_cidr.clone(),
+            own_tables: false,
         }
     }
 
@@ -974,6 +979,7 @@ fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> T
         family,
         name: names::TABLE.to_string(),
         comment: names::TABLE_COMMENT.to_string(),
+        owned: settings.own_tables,
         sets,
         chains,
     }

@@ -35,6 +35,11 @@ pub struct Table {
     pub family: IpFamily,
     pub name: String,
     pub comment: String,
+    /// Owned by the process that programs it (`NFT_TABLE_F_OWNER | NFT_TABLE_F_PERSIST`, kernel
+    /// 6.9+): other processes cannot change it while that process runs, and it stays, orphaned,
+    /// when the process exits. A property of who programs the table, not of its contents, so
+    /// `render` does not print it (see there).
+    pub owned: bool,
     /// Sets and maps, in the order they are rendered and created.
     pub sets: Vec<Set>,
     /// Chains, in the order they are rendered and created.

@@ -26,6 +26,14 @@ fn family_keyword(family: IpFamily) -> &'static str {
 }
 
 /// One table, exactly as `nft list table <family> <name>` lists it (elements one per line).
+///
+/// Except for ownership ([`Table::owned`]), which is never rendered: it belongs to the process
+/// programming the table, not to the ruleset. `nft list` of an owned table adds a `flags` line
+/// and a `# progname` comment naming the owner, both depending on who runs and on the nft
+/// version (1.0.6 prints `flags owner`, and `flags` with nothing after it for an orphan, as it
+/// does not know persist); and loading `flags owner` with `nft -f` would hand the table to the
+/// short-lived nft process. So `--dry-run` output is the same on every machine and loads as an
+/// unowned table.
 pub fn render_table(table: &Table) -> String {
     let mut out = String::new();
     let _ = writeln!(

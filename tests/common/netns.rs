@@ -76,3 +76,33 @@ pub fn nft_load(text: &str) {
         );
     }
 }
+
+/// What nft (1.0.6) adds to a table listing for table flags: ` # progname <owner>` after the
+/// header of an owned table, a `\tflags …` line after it (for an orphan just `\tflags `, as
+/// 1.0.6 does not know persist), and then a blank line before the first set or chain. Removes
+/// exactly that, so a listing of an owned or orphaned table compares with our rendering, which
+/// never shows ownership.
+pub fn strip_ownership(text: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if !line.starts_with("table ") {
+            out.push(line);
+            continue;
+        }
+        out.push(line.split(" # progname ").next().unwrap_or(line));
+        if !lines.peek().is_some_and(|l| l.starts_with("\tflags ")) {
+            continue;
+        }
+        lines.next();
+        if let Some(comment) = lines.next_if(|l| l.starts_with("\tcomment ")) {
+            out.push(comment);
+        }
+        lines.next_if(|l| l.is_empty());
+    }
+    let mut joined = out.join("\n");
+    if text.ends_with('\n') {
+        joined.push('\n');
+    }
+    joined
+}

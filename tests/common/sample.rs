@@ -558,6 +558,7 @@ pub fn table(family: IpFamily) -> Table {
         family,
         name: "nodeproxy".into(),
         comment: "rules of nodeproxy".into(),
+        owned: false,
         sets,
         chains,
     }

@@ -69,6 +69,8 @@ fn every_feature_is_present_on_the_test_kernel() {
         // 5.12+ and 6.9+; the test kernel is newer.
         assert!(caps.table_owner);
         assert!(caps.table_persist);
+        assert_eq!(caps.ownership(), Ownership::Owned);
+        assert_eq!(probe_ownership(&mut k).unwrap(), Ownership::Owned);
         for family in IpFamily::ALL {
             assert!(k.read_table(family, &probe_table_name()).unwrap().is_none());
         }

@@ -88,6 +88,7 @@ fn settings() -> Settings {
         nodeport_addresses: NodePortAddresses::primary(),
         detect_local: DetectLocal::ClusterCidr,
         service_cidrs: vec![],
+        own_tables: false,
     }
 }
 

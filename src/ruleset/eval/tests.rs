@@ -44,6 +44,7 @@ fn ruleset(chains: Vec<Chain>, sets: Vec<Set>) -> Ruleset {
             family: IpFamily::V4,
             name: "t".into(),
             comment: String::new(),
+            owned: false,
             sets,
             chains,
         }],
