@@ -228,6 +228,43 @@ fn delete_tables_removes_only_ours() {
     });
 }
 
+/// The ruleset generation moves with every committed transaction, ours or another process's,
+/// and stays put otherwise: what lets periodic verification skip the read-back of a table
+/// nobody touched.
+#[test]
+fn generation_moves_with_every_commit_and_only_then() {
+    in_netns(|| {
+        let mut k = NetlinkKernel::new().unwrap();
+        let g0 = k.generation().unwrap();
+        assert_eq!(k.generation().unwrap(), g0, "reading changes nothing");
+        nft::sync(&mut k, ruleset()).unwrap();
+        let g1 = k.generation().unwrap();
+        assert_ne!(g1, g0, "our transaction moves it");
+        // A sync with nothing to do sends nothing, so the generation stays.
+        nft::sync(&mut k, ruleset()).unwrap();
+        assert_eq!(k.generation().unwrap(), g1);
+        let _ = k.read_table(IpFamily::V4, "nodeproxy").unwrap();
+        assert_eq!(k.generation().unwrap(), g1, "dumps are not commits");
+        // Someone else's change to an unrelated table counts too.
+        nft(&["add", "table", "inet", "other"]);
+        let g2 = k.generation().unwrap();
+        assert_ne!(g2, g1);
+        nft(&["flush", "ruleset"]);
+        let g3 = k.generation().unwrap();
+        assert_ne!(g3, g2);
+        // An apply on its own reports the generations around its transaction.
+        let rs = ruleset();
+        let want = lower(rs.table(IpFamily::V4).unwrap()).unwrap();
+        let have = k.read_table(IpFamily::V4, "nodeproxy").unwrap();
+        let plan = diff(have.as_ref(), &want);
+        let stats = k.apply(&plan).unwrap();
+        let (before, after) = stats.generation.expect("nobody else committed");
+        assert_eq!(before, g3);
+        assert_eq!(after, k.generation().unwrap());
+        assert_ne!(after, before);
+    });
+}
+
 fn owned_ruleset() -> Ruleset {
     let mut rs = ruleset();
     for t in &mut rs.tables {

@@ -259,6 +259,7 @@ impl Kernel for FakeKernel {
 
     fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError> {
         let mut stats = ApplyStats::default();
+        let before = self.generation()?;
         for (phase, ops) in [(1u8, &plan.phase1), (2, &plan.phase2)] {
             if ops.is_empty() {
                 continue;
@@ -272,12 +273,26 @@ impl Kernel for FakeKernel {
                 Err(errors) => return Err(NftError::Rejected { errors }),
             }
         }
+        stats.generation = Some((before, self.generation()?));
         Ok(stats)
     }
 
     fn delete_tables(&mut self, name: &str) -> Result<usize, NftError> {
         let before = self.tables.len();
         self.tables.retain(|(_, n), _| n != name);
+        if self.tables.len() != before {
+            self.transactions += 1;
+        }
         Ok(before - self.tables.len())
+    }
+
+    /// Tests change `tables` directly to play someone else's transaction, so the generation
+    /// also follows the content: a digest of the tables next to the commit count.
+    fn generation(&mut self) -> Result<u32, NftError> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.transactions.hash(&mut h);
+        format!("{:?}", self.tables).hash(&mut h);
+        Ok(h.finish() as u32)
     }
 }

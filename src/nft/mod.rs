@@ -130,6 +130,10 @@ pub struct ApplyStats {
     pub kernel: Duration,
     /// Whether the kernel acked BATCH_END (kernels ≥ 6.10 do on success).
     pub batch_end_acked: bool,
+    /// The ruleset generation just before and just after this apply, when the kernel can tell
+    /// that nothing but this apply's own transactions committed in between; `None` otherwise
+    /// (another process committed meanwhile, or nothing is known).
+    pub generation: Option<(u32, u32)>,
 }
 
 /// A kernel holding nftables tables: the netlink backend, or the in-memory fake.
@@ -146,6 +150,10 @@ pub trait Kernel {
     /// [`NftError::Denied`]). Returns how many were deleted. Tables of other names or families
     /// are never touched.
     fn delete_tables(&mut self, name: &str) -> Result<usize, NftError>;
+    /// The netns' nftables ruleset generation (`NFT_MSG_GETGEN`): every committed transaction,
+    /// by any process and on any table, changes it; packet-path set updates do not. Equal
+    /// before and after a period means nobody changed anything in that period.
+    fn generation(&mut self) -> Result<u32, NftError>;
 }
 
 /// What `sync` did, for logs, metrics and benchmarks.

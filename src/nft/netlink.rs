@@ -35,6 +35,9 @@ const DELSET: u16 = 11;
 const NEWSETELEM: u16 = 12;
 const GETSETELEM: u16 = 13;
 const DELSETELEM: u16 = 14;
+const NEWGEN: u16 = 15;
+const GETGEN: u16 = 16;
+const GEN_ID: u16 = 1;
 
 // Attributes.
 const TABLE_NAME: u16 = 1;
@@ -1120,9 +1123,72 @@ impl Kernel for NetlinkKernel {
 
     fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError> {
         let mut stats = ApplyStats::default();
+        let before = self.generation()?;
         self.send_batch(plan, &plan.phase1, 1, &mut stats)?;
         self.send_batch(plan, &plan.phase2, 2, &mut stats)?;
+        let after = self.generation()?;
+        // Each committed batch moves the generation by exactly one (nf_tables_commit bumps
+        // `base_seq` once); any other step means another process committed in between.
+        let ours = [&plan.phase1, &plan.phase2]
+            .iter()
+            .filter(|ops| !ops.is_empty())
+            .count() as u32;
+        stats.generation = (after == before.wrapping_add(ours)).then_some((before, after));
         Ok(stats)
+    }
+
+    fn generation(&mut self) -> Result<u32, NftError> {
+        let seq = self.next_seq(1);
+        let mut req = Vec::with_capacity(32);
+        let s = begin_msg(
+            &mut req,
+            nft_type(GETGEN),
+            NLM_F_REQUEST | NLM_F_ACK,
+            seq,
+            0,
+            0,
+        );
+        end(&mut req, s)?;
+        self.sock
+            .send(&req, 0)
+            .map_err(io_err("send the ruleset generation request"))?;
+        let mut found = None;
+        loop {
+            self.recv(0)
+                .map_err(io_err("receive the ruleset generation"))?;
+            for m in messages(&self.rbuf) {
+                if m.seq != seq {
+                    continue;
+                }
+                if m.ty == nft_type(NEWGEN) {
+                    let attrs = m.payload.get(NFGEN_HDRLEN..).unwrap_or_default();
+                    for (ty, p, _) in Attrs::new(attrs) {
+                        if ty & NLA_TYPE_MASK == GEN_ID {
+                            found = be_u32(p);
+                        }
+                    }
+                } else if m.ty == NLMSG_ERROR {
+                    let code = m
+                        .payload
+                        .get(..4)
+                        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                        .unwrap_or(0);
+                    if code != 0 {
+                        return Err(NftError::Io {
+                            context: "read the ruleset generation".into(),
+                            source: io::Error::from_raw_os_error(-code),
+                        });
+                    }
+                    return found.ok_or_else(|| NftError::Io {
+                        context: "read the ruleset generation".into(),
+                        source: io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "the kernel's NEWGEN reply carried no NFTA_GEN_ID",
+                        ),
+                    });
+                }
+            }
+        }
     }
 
     fn delete_tables(&mut self, name: &str) -> Result<usize, NftError> {

@@ -87,6 +87,10 @@ struct PoisonKernel {
 }
 
 impl Kernel for PoisonKernel {
+    fn generation(&mut self) -> Result<u32, NftError> {
+        self.inner.generation()
+    }
+
     fn read_table(&mut self, family: IpFamily, name: &str) -> Result<Option<WireTable>, NftError> {
         self.reads += 1;
         self.inner.read_table(family, name)
