@@ -235,7 +235,7 @@ impl Caches {
     }
 
     /// What is cached for `name` (the default for an unknown Service).
-    pub(super) fn get(&self, name: &ServiceName) -> Derived {
+    fn get(&self, name: &ServiceName) -> Derived {
         Derived {
             health_check: self.health_checks.get(name).cloned(),
             udp: self.udp.get(name).cloned(),

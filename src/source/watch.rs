@@ -408,7 +408,7 @@ impl ClusterWatch {
         }
     }
 
-    /// The changes since the previous call, for metrics.
+    /// The changes since the previous call: which Services to sync, and counts for metrics.
     pub fn take_changes(&self) -> Changes {
         std::mem::take(&mut *lock(&self.shared.changes))
     }
