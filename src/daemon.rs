@@ -16,9 +16,16 @@
 //! verification sync reads our tables back, so drift is repaired within one period. A failed sync
 //! is retried with a verification sync after a backoff capped at `sync_period`.
 //!
+//! A sync costs what changed, not the cluster's size: the watch records which Services changed,
+//! and the sync thread gets only those (with their slices and the Nodes, not a copy of the
+//! cluster) unless everything must be synced anyway (the first sync, verification, a retry, a
+//! Node change, too many changes), or the syncer finds it cannot sync them alone; the sync thread
+//! then takes a snapshot of the whole state itself.
+//!
 //! The health-check node ports and the UDP conntrack reconciler run on the sync thread after a
 //! successful sync: both depend on what was just programmed, and the reconciler's netlink calls
-//! block too.
+//! block too. What they need from each Service is cached per Service (`derived`), so a sync of a
+//! few Services recomputes only theirs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -30,23 +37,24 @@ use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch as tokio_watch};
 
 use crate::config::{Config, ConfigError};
-use crate::conntrack::{self, UdpService};
-use crate::health::{HealthCheckServers, HealthCheckService, ProxyHealth};
+use crate::conntrack::{self, ConntrackError, UdpService};
+use crate::health::{HealthCheckServers, ProxyHealth};
 use crate::http::{self, Handler, HttpServer};
 use crate::leftovers::{self, LeftoverError};
 use crate::lock::{self, LockError};
 use crate::metrics::{Metrics, PolicyKind, SyncKind};
-use crate::model::{
-    ClusterState, EndpointSlice, IpFamily, Protocol, ServicePortName, TrafficPolicy, endpoints_for,
-};
+use crate::model::{ClusterState, IpFamily, ServiceName};
 use crate::nft::owner::{self, TakeOver};
 use crate::nft::probe::{self, Missing};
 use crate::nft::{Kernel, NetlinkKernel, NftError};
 use crate::ruleset::Settings;
-use crate::ruleset::categorize::{NodeView, categorize};
 use crate::source::Loaded;
 use crate::source::watch::{self, Changes, ClusterWatch, WatchError};
-use crate::sync::{SyncOutcome, Syncer};
+use crate::sync::{Incremental, SyncOutcome, Syncer};
+
+mod derived;
+
+use derived::{Caches, Delta};
 
 /// The first retry after a failed sync waits this long; each further failure doubles it, up to
 /// the sync period.
@@ -211,14 +219,41 @@ fn handle_leftovers(kernel: &mut NetlinkKernel, cleanup: bool) -> Result<(), Dae
 
 /// One request to the sync thread.
 struct Request {
-    state: ClusterState,
-    verify: bool,
+    work: Work,
     reply: oneshot::Sender<Result<Synced, NftError>>,
+}
+
+/// What the sync thread is asked to sync.
+enum Work {
+    /// Every Service, from the whole state; `verify` reads the kernel back first.
+    Full { state: ClusterState, verify: bool },
+    /// Only the `changed` Services, from `scoped` (`ClusterState::subset(changed)` of the
+    /// state). If the syncer cannot do that, the sync thread syncs everything from a snapshot it
+    /// takes itself.
+    Changed {
+        scoped: ClusterState,
+        changed: BTreeSet<ServiceName>,
+    },
+}
+
+impl Work {
+    /// The state the request carries: whole or scoped, it has the Nodes.
+    fn state(&self) -> &ClusterState {
+        match self {
+            Work::Full { state, .. } => state,
+            Work::Changed { scoped, .. } => scoped,
+        }
+    }
 }
 
 /// What the sync thread did for one request.
 struct Synced {
     outcome: SyncOutcome,
+    /// Which path ran: every Service rebuilt (or the kernel read back), or only the changed ones.
+    kind: SyncKind,
+    /// How many Services were rebuilt.
+    rebuilt: usize,
+    /// The state synced: whole, or scoped to the changed Services.
     state: ClusterState,
     /// Per family: (internal, external) Local-policy Service ports without local endpoints.
     no_local: Vec<(IpFamily, usize, usize)>,
@@ -272,11 +307,13 @@ async fn run_async(
     let result = if ready {
         tracing::info!("the watches have listed; programming the kernel");
         let (tx, rx) = mpsc::channel::<Request>();
+        let reader = cluster.reader();
         let writer = Writer::new(
             Syncer::new(kernel),
             settings.clone(),
             health.clone(),
             Handle::current(),
+            Box::new(move || reader.snapshot()),
         );
         let thread = std::thread::Builder::new()
             .name("nodeproxy-sync".into())
@@ -479,19 +516,30 @@ async fn sync_loop(
         }
         let started = Instant::now();
         let verify = schedule.start(started);
-        let state = cluster.snapshot();
+        // The changes before the state: the watch writes the state before it records a change,
+        // so the state read next covers at least the changes taken (a change that lands in
+        // between is also in the next batch, and syncing a Service twice is harmless).
         let mut changes = cluster.take_changes();
-        merge(&mut changes, std::mem::take(&mut carried));
-        if let Some(node) = state.nodes.get(&settings.node_name) {
+        changes.merge(std::mem::take(&mut carried));
+        // A failed sync is retried verifying, so it always takes the full path too.
+        let work = if verify || changes.needs_full() {
+            Work::Full {
+                state: cluster.snapshot(),
+                verify,
+            }
+        } else {
+            let changed = changes.services_changed.clone();
+            Work::Changed {
+                scoped: cluster.with_state(|s| s.subset(&changed)),
+                changed,
+            }
+        };
+        if let Some(node) = work.state().nodes.get(&settings.node_name) {
             health.set_node(node.deleting, node.to_be_deleted);
         }
         let (reply, answer) = oneshot::channel();
         writer
-            .send(Request {
-                state,
-                verify,
-                reply,
-            })
+            .send(Request { work, reply })
             .map_err(|_| DaemonError::SyncThread)?;
         // Not raced against shutdown: the transaction in flight always finishes.
         match answer.await.map_err(|_| DaemonError::SyncThread)? {
@@ -514,15 +562,6 @@ async fn sync_loop(
     }
 }
 
-fn merge(into: &mut Changes, from: Changes) {
-    into.services += from.services;
-    into.endpoint_slices += from.endpoint_slices;
-    into.nodes += from.nodes;
-    for (svc, times) in from.trigger_times {
-        into.trigger_times.entry(svc).or_default().extend(times);
-    }
-}
-
 /// Logs, health and metrics after a successful sync.
 fn record_success(synced: &Synced, changes: &Changes, health: &ProxyHealth, metrics: &Metrics) {
     let outcome = &synced.outcome;
@@ -530,7 +569,8 @@ fn record_success(synced: &Synced, changes: &Changes, health: &ProxyHealth, metr
     let changed = outcome.report.empty_plans < outcome.report.tables || outcome.drift_repaired;
     if changed {
         tracing::info!(
-            "{outcome} ({} Service, {} EndpointSlice, {} Node change(s))",
+            "{outcome}; {} Service(s) rebuilt ({} Service, {} EndpointSlice, {} Node change(s))",
+            synced.rebuilt,
             changes.services,
             changes.endpoint_slices,
             changes.nodes
@@ -549,12 +589,7 @@ fn record_success(synced: &Synced, changes: &Changes, health: &ProxyHealth, metr
             .collect(),
     );
     metrics.set_quarantined_services(outcome.quarantined.len());
-    let kind = if outcome.full {
-        SyncKind::Full
-    } else {
-        SyncKind::Partial
-    };
-    metrics.observe_sync(&FAMILIES, kind, outcome.duration);
+    metrics.observe_sync(&FAMILIES, synced.kind, outcome.duration);
     metrics.set_last_sync_timestamp(&FAMILIES, now);
     if outcome.report.messages > 0 {
         metrics.observe_transaction(outcome.report.messages, outcome.report.bytes);
@@ -569,19 +604,25 @@ fn record_success(synced: &Synced, changes: &Changes, health: &ProxyHealth, metr
         metrics.add_service_changes(f, changes.services);
         metrics.add_endpoint_changes(f, changes.endpoint_slices);
     }
+    // A Service with a trigger time had a slice changed, so the synced state has its slices
+    // whether it was whole or scoped.
+    let mut families: BTreeMap<&ServiceName, BTreeSet<IpFamily>> = BTreeMap::new();
+    if !changes.trigger_times.is_empty() {
+        for s in synced.state.slices.values() {
+            if changes.trigger_times.contains_key(&s.service) {
+                families.entry(&s.service).or_default().insert(s.family);
+            }
+        }
+    }
     for (svc, times) in &changes.trigger_times {
-        let families: BTreeSet<IpFamily> = synced
-            .state
-            .slices
-            .values()
-            .filter(|s| &s.service == svc)
-            .map(|s| s.family)
-            .collect();
+        let Some(families) = families.get(svc) else {
+            continue;
+        };
         for t in times {
             let Ok(latency) = now.duration_since(*t) else {
                 continue;
             };
-            for &f in &families {
+            for &f in families {
                 metrics.observe_network_programming(f, latency);
             }
         }
@@ -595,67 +636,147 @@ fn record_success(synced: &Synced, changes: &Changes, health: &ProxyHealth, metr
     }
 }
 
+/// A successful sync, before what follows it.
+struct Done {
+    outcome: SyncOutcome,
+    kind: SyncKind,
+    rebuilt: usize,
+    state: ClusterState,
+    delta: Delta,
+}
+
+/// Deletes a family's stale UDP conntrack entries given every UDP Service port of the family;
+/// returns how many were deleted.
+type ReconcileUdp = Box<dyn FnMut(IpFamily, &[UdpService]) -> Result<usize, ConntrackError> + Send>;
+
 /// The sync thread's state: the one writer, plus what runs after each successful sync.
 struct Writer<K: Kernel> {
     syncer: Syncer<K>,
     settings: Settings,
     health: ProxyHealth,
     runtime: Handle,
+    /// A copy of the whole current state, for a request to sync the changed Services that the
+    /// syncer can only do by syncing everything.
+    full_state: Box<dyn Fn() -> ClusterState + Send>,
+    /// `conntrack::reconcile_udp`; replaced in tests, which must not touch the host's table.
+    reconcile_udp: ReconcileUdp,
     /// The health-check node port servers and the addresses they were created for.
     health_checks: Option<(Vec<IpAddr>, HealthCheckServers)>,
-    /// Serving endpoints of each UDP Service port at the last successful sync; `None` before the
-    /// first, so that the first sync reconciles (stale entries may predate a restart).
-    udp_last: Option<UdpEndpoints>,
+    /// What was derived from each Service at the last successful sync.
+    caches: Caches,
 }
 
-type UdpEndpoints = BTreeMap<(IpFamily, ServicePortName), BTreeSet<IpAddr>>;
-
 impl<K: Kernel> Writer<K> {
-    fn new(syncer: Syncer<K>, settings: Settings, health: ProxyHealth, runtime: Handle) -> Self {
+    fn new(
+        syncer: Syncer<K>,
+        settings: Settings,
+        health: ProxyHealth,
+        runtime: Handle,
+        full_state: Box<dyn Fn() -> ClusterState + Send>,
+    ) -> Self {
         Writer {
             syncer,
             settings,
             health,
             runtime,
+            full_state,
+            reconcile_udp: Box::new(conntrack::reconcile_udp),
             health_checks: None,
-            udp_last: None,
+            caches: Caches::default(),
         }
     }
 
     fn serve(mut self, requests: mpsc::Receiver<Request>) {
         while let Ok(req) = requests.recv() {
-            let result = self.handle(req.state, req.verify);
+            let result = self.handle(req.work);
             // The loop only stops waiting for a reply when the daemon is exiting.
             let _ = req.reply.send(result);
         }
     }
 
-    fn handle(&mut self, state: ClusterState, verify: bool) -> Result<Synced, NftError> {
-        let outcome = self.syncer.sync(&state, &self.settings, verify)?;
-        self.sync_health_checks(&state);
-        let conntrack_deleted = self.reconcile_conntrack(&state);
+    fn handle(&mut self, work: Work) -> Result<Synced, NftError> {
+        let done = match work {
+            Work::Full { state, verify } => self.sync_all(state, verify)?,
+            // The caches are only ever updated from a complete build; the loop starts with a
+            // full sync, so this is only a safeguard.
+            Work::Changed { .. } if !self.caches.is_built() => {
+                self.sync_all((self.full_state)(), false)?
+            }
+            Work::Changed { scoped, changed } => {
+                match self
+                    .syncer
+                    .sync_changed(&scoped, &changed, &self.settings)?
+                {
+                    Incremental::Done(outcome) => {
+                        let delta = self
+                            .caches
+                            .update(&scoped, &changed, &self.settings.node_name);
+                        Done {
+                            // Reading the kernel back is a full sync whatever was rebuilt.
+                            kind: if outcome.full {
+                                SyncKind::Full
+                            } else {
+                                SyncKind::Partial
+                            },
+                            outcome,
+                            rebuilt: changed.len(),
+                            state: scoped,
+                            delta,
+                        }
+                    }
+                    Incremental::NeedsFull(why) => {
+                        tracing::debug!("syncing every Service: {why}");
+                        self.sync_all((self.full_state)(), false)?
+                    }
+                }
+            }
+        };
+        let addrs = health_check_addresses(&done.state, &self.settings);
+        self.sync_health_checks(
+            addrs,
+            done.kind == SyncKind::Full || done.delta.health_checks,
+        );
+        let conntrack_deleted = self.reconcile_conntrack(&done.delta.udp_families);
         let no_local = FAMILIES
             .into_iter()
             .map(|f| {
-                let (i, e) = no_local_endpoints(&state, &self.settings.node_name, f);
+                let (i, e) = self.caches.no_local(f);
                 (f, i, e)
             })
             .collect();
         Ok(Synced {
-            outcome,
-            state,
+            outcome: done.outcome,
+            kind: done.kind,
+            rebuilt: done.rebuilt,
+            state: done.state,
             no_local,
             conntrack_deleted,
         })
     }
 
-    fn sync_health_checks(&mut self, state: &ClusterState) {
-        let wanted = health_check_services(state, &self.settings.node_name);
-        if wanted.is_empty() && self.health_checks.is_none() {
+    /// Syncs every Service of `state` and rebuilds the caches from it.
+    fn sync_all(&mut self, state: ClusterState, verify: bool) -> Result<Done, NftError> {
+        let outcome = self.syncer.sync(&state, &self.settings, verify)?;
+        let delta = self.caches.rebuild(&state, &self.settings.node_name);
+        Ok(Done {
+            outcome,
+            kind: SyncKind::Full,
+            rebuilt: state.services.len(),
+            state,
+            delta,
+        })
+    }
+
+    /// Serves the health-check node ports on `addrs`. The wanted ports are passed to the servers
+    /// only when they may have `changed` (or the addresses did): at 10k Services that list is
+    /// not rebuilt for every sync. A port that failed to open is retried then.
+    fn sync_health_checks(&mut self, addrs: Option<Vec<IpAddr>>, changed: bool) {
+        let wanted = self.caches.has_health_checks();
+        if !wanted && self.health_checks.is_none() {
             return;
         }
-        let Some(addrs) = health_check_addresses(state, &self.settings) else {
-            if !wanted.is_empty() {
+        let Some(addrs) = addrs else {
+            if wanted && changed {
                 tracing::warn!(
                     "no address of node {} is selected by --nodeport-addresses: health-check \
                      node ports are not served",
@@ -665,8 +786,12 @@ impl<K: Kernel> Writer<K> {
             self.health_checks = None;
             return;
         };
-        let servers = match &mut self.health_checks {
-            Some((bound, servers)) if *bound == addrs => servers,
+        match &mut self.health_checks {
+            Some((bound, servers)) if *bound == addrs => {
+                if changed {
+                    servers.sync(self.caches.health_checks());
+                }
+            }
             slot => {
                 // New addresses (or the first time): listeners on the old ones close.
                 let servers = HealthCheckServers::new(
@@ -674,25 +799,20 @@ impl<K: Kernel> Writer<K> {
                     self.health.clone(),
                     self.runtime.clone(),
                 );
-                &mut slot.insert((addrs, servers)).1
+                slot.insert((addrs, servers))
+                    .1
+                    .sync(self.caches.health_checks());
             }
-        };
-        servers.sync(wanted);
+        }
     }
 
-    fn reconcile_conntrack(&mut self, state: &ClusterState) -> Vec<(IpFamily, usize)> {
-        let current = udp_endpoints(state);
+    /// Runs the UDP conntrack reconciler for each family whose UDP serving endpoints changed in
+    /// this (successful) sync.
+    fn reconcile_conntrack(&mut self, families: &BTreeSet<IpFamily>) -> Vec<(IpFamily, usize)> {
         let mut out = Vec::new();
-        for f in FAMILIES {
-            let changed = match &self.udp_last {
-                None => true,
-                Some(last) => differs(last, &current, f),
-            };
-            if !changed {
-                continue;
-            }
-            let services = udp_services(state, f);
-            match conntrack::reconcile_udp(f, &services) {
+        for &f in families {
+            let services = self.caches.udp_services(f);
+            match (self.reconcile_udp)(f, &services) {
                 Ok(0) => {}
                 Ok(n) => {
                     tracing::info!("deleted {n} stale {f} UDP conntrack entr(y/ies)");
@@ -701,117 +821,8 @@ impl<K: Kernel> Writer<K> {
                 Err(e) => tracing::warn!("UDP conntrack reconciliation ({f}): {e}"),
             }
         }
-        self.udp_last = Some(current);
         out
     }
-}
-
-/// Whether the serving endpoints of any UDP Service port of `family` differ.
-fn differs(a: &UdpEndpoints, b: &UdpEndpoints, family: IpFamily) -> bool {
-    let of = |m: &'_ UdpEndpoints| -> Vec<(ServicePortName, BTreeSet<IpAddr>)> {
-        m.iter()
-            .filter(|((f, _), _)| *f == family)
-            .map(|((_, n), eps)| (n.clone(), eps.clone()))
-            .collect()
-    };
-    of(a) != of(b)
-}
-
-fn slices_of<'a>(
-    index: &std::collections::HashMap<&crate::model::ServiceName, Vec<&'a EndpointSlice>>,
-    svc: &crate::model::ServiceName,
-    family: IpFamily,
-) -> Vec<&'a EndpointSlice> {
-    index
-        .get(svc)
-        .map(|v| v.iter().copied().filter(|s| s.family == family).collect())
-        .unwrap_or_default()
-}
-
-/// Serving endpoints (ready, or terminating but serving) of every UDP Service port, per family.
-fn udp_endpoints(state: &ClusterState) -> UdpEndpoints {
-    let index = state.slices_by_service();
-    let mut out = UdpEndpoints::new();
-    for svc in state.services.values() {
-        for f in FAMILIES {
-            if svc.cluster_ip(f).is_none() {
-                continue;
-            }
-            let slices = slices_of(&index, &svc.name, f);
-            for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
-                let eps = endpoints_for(&slices, port)
-                    .iter()
-                    .filter(|ep| ep.conditions.ready || ep.conditions.serving)
-                    .map(|ep| ep.addr)
-                    .collect();
-                out.insert((f, svc.port_name(port)), eps);
-            }
-        }
-    }
-    out
-}
-
-/// What the conntrack reconciler needs for every UDP Service port of `family`.
-fn udp_services(state: &ClusterState, family: IpFamily) -> Vec<UdpService> {
-    let index = state.slices_by_service();
-    let mut out = Vec::new();
-    for svc in state.services.values() {
-        let Some(cluster_ip) = svc.cluster_ip(family) else {
-            continue;
-        };
-        let ips: Vec<IpAddr> = std::iter::once(cluster_ip)
-            .chain(svc.external_ips.iter().copied())
-            .chain(svc.load_balancer_ips.iter().copied())
-            .filter(|ip| IpFamily::of(ip) == family)
-            .collect();
-        let slices = slices_of(&index, &svc.name, family);
-        for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
-            let serving_endpoints = endpoints_for(&slices, port)
-                .iter()
-                .filter(|ep| ep.conditions.ready || ep.conditions.serving)
-                .map(|ep| ep.addr)
-                .collect();
-            out.push(UdpService {
-                ips: ips.clone(),
-                port: port.port,
-                node_port: port.node_port,
-                serving_endpoints,
-            });
-        }
-    }
-    out
-}
-
-/// The `externalTrafficPolicy: Local` Services with a health-check node port, with their ready
-/// endpoints on this node (terminating ones do not count, so a draining node fails the check).
-/// An endpoint is counted once however many ports it serves.
-fn health_check_services(state: &ClusterState, node_name: &str) -> Vec<HealthCheckService> {
-    let index = state.slices_by_service();
-    let mut out = Vec::new();
-    for svc in state.services.values() {
-        if svc.external_traffic_policy != TrafficPolicy::Local {
-            continue;
-        }
-        let Some(port) = svc.health_check_node_port else {
-            continue;
-        };
-        let slices = index.get(&svc.name).map(Vec::as_slice).unwrap_or_default();
-        let mut local = BTreeSet::new();
-        for p in &svc.ports {
-            for ep in endpoints_for(slices, p) {
-                if ep.node_name == Some(node_name) && ep.conditions.ready {
-                    local.insert(ep.addr);
-                }
-            }
-        }
-        out.push(HealthCheckService {
-            namespace: svc.name.namespace.clone(),
-            name: svc.name.name.clone(),
-            port,
-            local_endpoints: local.len(),
-        });
-    }
-    out
 }
 
 /// Where the health-check node ports listen: the Node's addresses that `--nodeport-addresses`
@@ -834,46 +845,6 @@ fn health_check_addresses(state: &ClusterState, settings: &Settings) -> Option<V
         })
         .collect();
     (!addrs.is_empty()).then_some(addrs)
-}
-
-/// `(internal, external)`: how many Service ports of `family` with a Local traffic policy have
-/// endpoints, but none on this node (kube-proxy's `no_local_endpoints_total` gauges). External
-/// policy only counts for ports reachable from outside (NodePort, external or LB IPs).
-fn no_local_endpoints(state: &ClusterState, node_name: &str, family: IpFamily) -> (usize, usize) {
-    let index = state.slices_by_service();
-    let node = state.nodes.get(node_name);
-    let view = NodeView {
-        name: node_name,
-        zone: node.and_then(|n| n.zone.as_deref()),
-    };
-    let (mut internal, mut external) = (0, 0);
-    for svc in state.services.values() {
-        if svc.cluster_ip(family).is_none() {
-            continue;
-        }
-        let slices = slices_of(&index, &svc.name, family);
-        let external_ips = svc
-            .external_ips
-            .iter()
-            .chain(&svc.load_balancer_ips)
-            .any(|ip| IpFamily::of(ip) == family);
-        for port in &svc.ports {
-            let eps = endpoints_for(&slices, port);
-            let c = categorize(&eps, &view);
-            if !c.has_endpoints || !c.local.is_empty() {
-                continue;
-            }
-            if svc.internal_traffic_policy == TrafficPolicy::Local {
-                internal += 1;
-            }
-            if svc.external_traffic_policy == TrafficPolicy::Local
-                && (port.node_port.is_some() || external_ips)
-            {
-                external += 1;
-            }
-        }
-    }
-    (internal, external)
 }
 
 #[cfg(test)]

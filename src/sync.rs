@@ -64,6 +64,14 @@ impl fmt::Display for SyncOutcome {
     }
 }
 
+/// What [`Syncer::sync_changed`] did: synced the changed Services, or found that only a full
+/// sync can bring the kernel to the state.
+#[derive(Debug)]
+pub enum Incremental {
+    Done(SyncOutcome),
+    NeedsFull(&'static str),
+}
+
 /// Owns the kernel handle; only this type writes to the kernel.
 pub struct Syncer<K: Kernel> {
     kernel: K,
@@ -234,6 +242,21 @@ impl<K: Kernel> Syncer<K> {
             self.applied.insert(family, Some(want));
         }
         Ok(())
+    }
+
+    /// Brings the kernel to the ruleset with only the `changed` Services rebuilt, from `scoped`
+    /// (`ClusterState::subset` of the full state). TEMPORARY placeholder: always asks for a full
+    /// sync; the real implementation replaces it.
+    pub fn sync_changed(
+        &mut self,
+        scoped: &ClusterState,
+        changed: &BTreeSet<ServiceName>,
+        settings: &Settings,
+    ) -> Result<Incremental, NftError> {
+        let _ = (scoped, changed, settings);
+        Ok(Incremental::NeedsFull(
+            "incremental sync not implemented yet",
+        ))
     }
 
     /// Releases quarantined Services that changed since: they get another chance.

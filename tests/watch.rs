@@ -5,6 +5,7 @@
 
 mod fakeapi;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fakeapi::{FakeApi, Kind, node, service, slice};
@@ -196,7 +197,78 @@ async fn services_slices_and_the_node_are_added_modified_and_deleted_incremental
     assert_eq!(changes.endpoint_slices, 3);
     assert_eq!(changes.nodes, 2);
     assert_eq!(changes.trigger_times[&svc_key("web")].len(), 1);
+    // The Service and its slice changed; the Node changed too, which every Service depends on.
+    assert_eq!(changes.services_changed, BTreeSet::from([svc_key("web")]));
+    assert!(!changes.full);
+    assert!(changes.needs_full());
     assert_eq!(w.take_changes(), watch::Changes::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_update_records_its_service_and_a_relist_exactly_the_services_it_changed() {
+    let api = FakeApi::start().await;
+    api.apply(Kind::Node, node(NODE, "192.0.2.10"));
+    for (name, ip) in [("a", "10.96.0.1"), ("b", "10.96.0.2"), ("c", "10.96.0.3")] {
+        api.apply(Kind::Service, service("ns", name, ip, 80));
+        api.apply(
+            Kind::EndpointSlice,
+            slice("ns", &format!("{name}-1"), name, &["10.244.0.5"], 8080),
+        );
+    }
+    let mut w = start(&api).await;
+    ready(&w).await;
+    let initial = w.take_changes();
+    assert_eq!(
+        initial.services_changed,
+        BTreeSet::from([svc_key("a"), svc_key("b"), svc_key("c")])
+    );
+
+    api.apply(
+        Kind::EndpointSlice,
+        slice("ns", "b-1", "b", &["10.244.0.6"], 8080),
+    );
+    eventually(&mut w, "b's slice changes", |s| {
+        s.slices[&svc_key("b-1")].endpoints[0].addr.to_string() == "10.244.0.6"
+    })
+    .await;
+    let changes = w.take_changes();
+    assert_eq!(changes.services_changed, BTreeSet::from([svc_key("b")]));
+    assert_eq!(changes.endpoint_slices, 1);
+    assert!(!changes.needs_full());
+
+    // Cut off while a's Service and c's slice change and the history is compacted: the relists
+    // (410) replace every kind, and record only the Services whose objects differ.
+    let lists = (
+        api.count(Kind::Service, false),
+        api.count(Kind::EndpointSlice, false),
+    );
+    api.go_down();
+    api.apply(Kind::Service, service("ns", "a", "10.96.0.1", 81));
+    api.delete(Kind::EndpointSlice, "ns", "c-1");
+    api.compact();
+    api.come_back().await;
+    eventually(
+        &mut w,
+        "the relisted state has a's new port and no c-1",
+        |s| {
+            s.services[&svc_key("a")].ports[0].port == 81 && !s.slices.contains_key(&svc_key("c-1"))
+        },
+    )
+    .await;
+    assert!(
+        api.count(Kind::Service, false) > lists.0
+            && api.count(Kind::EndpointSlice, false) > lists.1,
+        "both kinds were relisted"
+    );
+    let changes = w.take_changes();
+    assert_eq!(
+        changes.services_changed,
+        BTreeSet::from([svc_key("a"), svc_key("c")])
+    );
+    assert!(
+        !changes.needs_full(),
+        "the Node did not change: {changes:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@
 //! - **A bad object is skipped, not fatal.** It is logged once per resourceVersion (not on every
 //!   relist), reported by [`ClusterWatch::rejected`], and treated as absent.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -180,7 +180,8 @@ impl Default for WatchOptions {
     }
 }
 
-/// What changed since the last [`ClusterWatch::take_changes`], for metrics.
+/// What changed since the last [`ClusterWatch::take_changes`]: counts for metrics, and which
+/// Services a sync must rebuild.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
     /// Services added, changed (as the model sees them) or removed.
@@ -193,6 +194,59 @@ pub struct Changes {
     /// Service they belong to. Only times after the watch started are kept (like kube-proxy),
     /// so that the initial list does not report the age of every slice as programming latency.
     pub trigger_times: BTreeMap<ServiceName, Vec<SystemTime>>,
+    /// The Services whose rules may differ: each Service added, changed or removed, and the
+    /// Service of each EndpointSlice added, changed or removed (both owners when a slice moved
+    /// from one to another). Empty when `full`.
+    pub services_changed: BTreeSet<ServiceName>,
+    /// Too many Services changed to track them one by one (the initial list, a large relist):
+    /// only a sync of everything covers the changes.
+    pub full: bool,
+}
+
+impl Changes {
+    /// Whether only a sync of every Service covers these changes: too many to track, or a change
+    /// to the Node, which every Service's rules depend on (NodePort addresses, local endpoints,
+    /// topology).
+    pub fn needs_full(&self) -> bool {
+        self.full || self.nodes > 0
+    }
+
+    /// Adds `other` to these changes (changes taken for a sync that failed count for the retry).
+    pub fn merge(&mut self, other: Changes) {
+        self.services += other.services;
+        self.endpoint_slices += other.endpoint_slices;
+        self.nodes += other.nodes;
+        for (svc, times) in other.trigger_times {
+            self.trigger_times.entry(svc).or_default().extend(times);
+        }
+        self.full |= other.full;
+        if self.full {
+            self.services_changed.clear();
+        } else {
+            self.services_changed.extend(other.services_changed);
+        }
+    }
+
+    /// Records that the rules of `names` may have changed; beyond `limit` names, gives up the
+    /// list for `full`, so that memory stays bounded when nobody takes the changes.
+    fn note_services(&mut self, names: impl IntoIterator<Item = ServiceName>, limit: usize) {
+        if self.full {
+            return;
+        }
+        self.services_changed.extend(names);
+        if self.services_changed.len() > limit {
+            self.full = true;
+            self.services_changed = BTreeSet::new();
+        }
+    }
+}
+
+/// Changed Services are tracked by name up to a quarter of the Services, and at least this many:
+/// beyond that a full sync costs about as much as syncing them one by one.
+const MIN_TRACKED_SERVICES: usize = 1024;
+
+fn tracking_limit(services: usize) -> usize {
+    (services / 4).max(MIN_TRACKED_SERVICES)
 }
 
 /// At most this many trigger times are kept per Service between two `take_changes`: the
@@ -346,7 +400,15 @@ impl ClusterWatch {
         self.with_state(ClusterState::clone)
     }
 
-    /// The changes since the previous call, for metrics.
+    /// A handle that copies the current state from any thread, for as long as it lives (the
+    /// watches stop when this `ClusterWatch` is dropped; the handle then sees the last state).
+    pub fn reader(&self) -> StateReader {
+        StateReader {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The changes since the previous call: which Services to sync, and counts for metrics.
     pub fn take_changes(&self) -> Changes {
         std::mem::take(&mut *lock(&self.shared.changes))
     }
@@ -354,6 +416,23 @@ impl ClusterWatch {
     /// The objects currently left out because they failed validation.
     pub fn rejected(&self) -> Vec<Rejected> {
         lock(&self.shared.rejected).values().cloned().collect()
+    }
+}
+
+/// Reads the watched state from another thread; see [`ClusterWatch::reader`].
+#[derive(Clone)]
+pub struct StateReader {
+    shared: Arc<Shared>,
+}
+
+impl StateReader {
+    /// A copy of the current state.
+    pub fn snapshot(&self) -> ClusterState {
+        self.shared
+            .state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -378,6 +457,8 @@ trait Kind:
     fn map(state: &ClusterState) -> &BTreeMap<Self::Key, Self::Model>;
     fn map_mut(state: &mut ClusterState) -> &mut BTreeMap<Self::Key, Self::Model>;
     fn counter(changes: &mut Changes) -> &mut u64;
+    /// The Service whose rules the object feeds; `None` for a Node, which feeds every Service's.
+    fn service_of(model: &Self::Model) -> Option<ServiceName>;
     /// The Service and last-change trigger time, for kinds that carry one.
     fn trigger(_obj: &Self) -> Option<(ServiceName, SystemTime)> {
         None
@@ -412,6 +493,9 @@ impl Kind for core::Service {
     fn counter(changes: &mut Changes) -> &mut u64 {
         &mut changes.services
     }
+    fn service_of(model: &model::Service) -> Option<ServiceName> {
+        Some(model.name.clone())
+    }
 }
 
 impl Kind for discovery::EndpointSlice {
@@ -433,6 +517,9 @@ impl Kind for discovery::EndpointSlice {
     }
     fn counter(changes: &mut Changes) -> &mut u64 {
         &mut changes.endpoint_slices
+    }
+    fn service_of(model: &model::EndpointSlice) -> Option<ServiceName> {
+        Some(model.service.clone())
     }
     fn trigger(obj: &Self) -> Option<(ServiceName, SystemTime)> {
         let raw = obj.annotations().get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
@@ -465,6 +552,9 @@ impl Kind for core::Node {
     }
     fn counter(changes: &mut Changes) -> &mut u64 {
         &mut changes.nodes
+    }
+    fn service_of(_model: &model::Node) -> Option<ServiceName> {
+        None
     }
 }
 
@@ -684,27 +774,38 @@ impl<K: Kind> Applier<K> {
                 None => all.remove(&id),
             };
         }
-        let changed = {
+        // The state is written before the change is recorded: a sync loop that takes the
+        // changes and then reads the state always sees what it was told about.
+        let (changed, owners, services) = {
             let mut state = self
                 .shared
                 .state
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
+            let services = state.services.len();
             let map = K::map_mut(&mut state);
-            match model {
+            let (changed, owners) = match model {
                 Some(model) => {
                     if map.get(&key) == Some(&model) {
-                        false
+                        (false, [None, None])
                     } else {
-                        map.insert(key, model);
-                        true
+                        let new_owner = K::service_of(&model);
+                        let old = map.insert(key, model);
+                        (true, [old.as_ref().and_then(K::service_of), new_owner])
                     }
                 }
-                None => map.remove(&key).is_some(),
-            }
+                None => match map.remove(&key) {
+                    Some(old) => (true, [K::service_of(&old), None]),
+                    None => (false, [None, None]),
+                },
+            };
+            (changed, owners, services)
         };
         if changed {
-            *K::counter(&mut lock(&self.shared.changes)) += 1;
+            let mut changes = lock(&self.shared.changes);
+            *K::counter(&mut changes) += 1;
+            changes.note_services(owners.into_iter().flatten(), tracking_limit(services));
+            drop(changes);
             self.shared.bump();
         }
         changed
@@ -731,13 +832,14 @@ impl<K: Kind> Applier<K> {
                     .map(|(key, r)| ((K::NAME, key), r)),
             );
         }
-        let (changed, triggers) = {
+        let (changed, owners, services, triggers) = {
             let mut state = self
                 .shared
                 .state
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
             let old = std::mem::replace(K::map_mut(&mut state), relist.objects);
+            let services = state.services.len();
             let new = K::map(&state);
             let triggers: Vec<_> = relist
                 .triggers
@@ -745,7 +847,8 @@ impl<K: Kind> Applier<K> {
                 .filter(|(key, _)| old.get(key) != new.get(key))
                 .map(|(_, trigger)| trigger)
                 .collect();
-            (count_differences(&old, new), triggers)
+            let (changed, owners) = differences::<K>(&old, new);
+            (changed, owners, services, triggers)
         };
         // Objects gone from the API need no "already warned" memory any more.
         let state = self
@@ -761,7 +864,10 @@ impl<K: Kind> Applier<K> {
         drop(rejected);
         drop(state);
         if changed > 0 {
-            *K::counter(&mut lock(&self.shared.changes)) += changed;
+            let mut changes = lock(&self.shared.changes);
+            *K::counter(&mut changes) += changed;
+            changes.note_services(owners, tracking_limit(services));
+            drop(changes);
             record_triggers(&self.shared, triggers);
         }
         self.shared.listed.send_modify(|m| *m |= K::LISTED);
@@ -828,14 +934,29 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// How many keys were added, removed or changed between two versions of one kind.
-fn count_differences<Key: Ord, V: PartialEq>(
-    old: &BTreeMap<Key, V>,
-    new: &BTreeMap<Key, V>,
-) -> u64 {
-    let changed_or_removed = old.iter().filter(|(k, v)| new.get(*k) != Some(*v)).count();
-    let added = new.keys().filter(|k| !old.contains_key(*k)).count();
-    u64::try_from(changed_or_removed + added).unwrap_or(u64::MAX)
+/// How many keys were added, removed or changed between two versions of one kind, and the
+/// Services of the old and new versions of those objects.
+fn differences<K: Kind>(
+    old: &BTreeMap<K::Key, K::Model>,
+    new: &BTreeMap<K::Key, K::Model>,
+) -> (u64, BTreeSet<ServiceName>) {
+    let mut count = 0usize;
+    let mut owners = BTreeSet::new();
+    for (k, v) in old {
+        let now = new.get(k);
+        if now != Some(v) {
+            count += 1;
+            owners.extend(K::service_of(v));
+            owners.extend(now.and_then(K::service_of));
+        }
+    }
+    for (k, v) in new {
+        if !old.contains_key(k) {
+            count += 1;
+            owners.extend(K::service_of(v));
+        }
+    }
+    (u64::try_from(count).unwrap_or(u64::MAX), owners)
 }
 
 fn record_triggers(shared: &Shared, triggers: impl IntoIterator<Item = (ServiceName, SystemTime)>) {

@@ -1,5 +1,6 @@
 //! Unit tests of how watcher events are applied to the shared state (no network).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -8,7 +9,7 @@ use k8s_openapi::api::discovery::v1 as discovery;
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
-use super::{Applier, LISTED_SERVICES, Shared};
+use super::{Applier, Changes, LISTED_SERVICES, MIN_TRACKED_SERVICES, Shared};
 use crate::model::ServiceName;
 
 fn service(name: &str, ip: &str, port: u16, rv: &str) -> core::Service {
@@ -20,6 +21,15 @@ fn service(name: &str, ip: &str, port: u16, rv: &str) -> core::Service {
 }
 
 fn slice(name: &str, addr: &str, trigger: Option<&str>) -> discovery::EndpointSlice {
+    slice_of(name, "web", addr, trigger)
+}
+
+fn slice_of(
+    name: &str,
+    service: &str,
+    addr: &str,
+    trigger: Option<&str>,
+) -> discovery::EndpointSlice {
     let mut annotations = serde_json::Map::new();
     if let Some(t) = trigger {
         annotations.insert(super::ANNOTATION_LAST_CHANGE_TRIGGER_TIME.into(), t.into());
@@ -27,7 +37,7 @@ fn slice(name: &str, addr: &str, trigger: Option<&str>) -> discovery::EndpointSl
     decode(json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1",
-                     "labels": {"kubernetes.io/service-name": "web"}, "annotations": annotations},
+                     "labels": {"kubernetes.io/service-name": service}, "annotations": annotations},
         "addressType": "IPv4",
         "ports": [{"port": 8080, "protocol": "TCP"}],
         "endpoints": [{"addresses": [addr]}]
@@ -154,4 +164,127 @@ fn a_deleted_object_disappears() {
     a.apply(Event::Apply(service("a", "10.0.0.1", 80, "1")));
     a.apply(Event::Delete(service("a", "10.0.0.1", 80, "2")));
     assert!(services(&shared).is_empty());
+}
+
+fn take(shared: &Shared) -> Changes {
+    std::mem::take(&mut *shared.changes.lock().unwrap())
+}
+
+fn names(list: &[&str]) -> BTreeSet<ServiceName> {
+    list.iter().map(|n| key(n)).collect()
+}
+
+#[test]
+fn the_services_whose_objects_changed_are_recorded_by_name() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut services = Applier::<core::Service>::new(shared.clone(), None);
+    let mut slices = Applier::<discovery::EndpointSlice>::new(shared.clone(), None);
+    services.apply(Event::Apply(service("a", "10.0.0.1", 80, "1")));
+    services.apply(Event::Apply(service("b", "10.0.0.2", 80, "1")));
+    slices.apply(Event::Apply(slice_of("a-1", "a", "10.1.0.1", None)));
+    let changes = take(&shared);
+    assert_eq!(changes.services_changed, names(&["a", "b"]));
+    assert!(!changes.full && !changes.needs_full());
+
+    // A slice update: its Service. An update the model does not see: nothing.
+    slices.apply(Event::Apply(slice_of("a-1", "a", "10.1.0.2", None)));
+    services.apply(Event::Apply(service("b", "10.0.0.2", 80, "2")));
+    assert_eq!(take(&shared).services_changed, names(&["a"]));
+
+    // A slice moving to another Service: both; a deleted slice or Service: its Service.
+    slices.apply(Event::Apply(slice_of("a-1", "c", "10.1.0.2", None)));
+    assert_eq!(take(&shared).services_changed, names(&["a", "c"]));
+    slices.apply(Event::Delete(slice_of("a-1", "c", "10.1.0.2", None)));
+    services.apply(Event::Delete(service("b", "10.0.0.2", 80, "3")));
+    let changes = take(&shared);
+    assert_eq!(changes.services_changed, names(&["b", "c"]));
+    assert_eq!((changes.services, changes.endpoint_slices), (1, 1));
+
+    // An update that makes the object invalid removes it: a change of its Service.
+    services.apply(Event::Apply(service("a", "10.0.0.999", 80, "4")));
+    assert_eq!(take(&shared).services_changed, names(&["a"]));
+}
+
+#[test]
+fn a_relist_records_exactly_the_services_it_changed() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut slices = Applier::<discovery::EndpointSlice>::new(shared.clone(), None);
+    slices.apply(Event::Init);
+    for (name, svc) in [("a-1", "a"), ("b-1", "b"), ("c-1", "c")] {
+        slices.apply(Event::InitApply(slice_of(name, svc, "10.1.0.1", None)));
+    }
+    slices.apply(Event::InitDone);
+    assert_eq!(take(&shared).services_changed, names(&["a", "b", "c"]));
+
+    // Relisted: a-1 unchanged, b-1 gone, c-1 moved to d, e-1 new.
+    slices.apply(Event::Init);
+    slices.apply(Event::InitApply(slice_of("a-1", "a", "10.1.0.1", None)));
+    slices.apply(Event::InitApply(slice_of("c-1", "d", "10.1.0.1", None)));
+    slices.apply(Event::InitApply(slice_of("e-1", "e", "10.1.0.1", None)));
+    slices.apply(Event::InitDone);
+    let changes = take(&shared);
+    assert_eq!(changes.services_changed, names(&["b", "c", "d", "e"]));
+    assert_eq!(changes.endpoint_slices, 3);
+    assert!(!changes.full);
+}
+
+#[test]
+fn too_many_changed_services_turn_into_a_full_sync_and_stop_growing() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut services = Applier::<core::Service>::new(shared.clone(), None);
+    let n = MIN_TRACKED_SERVICES + 1;
+    for i in 0..n {
+        let ip = format!("10.0.{}.{}", i / 250, 1 + i % 250);
+        services.apply(Event::Apply(service(&format!("s{i}"), &ip, 80, "1")));
+    }
+    let changes = take(&shared);
+    assert!(changes.full && changes.needs_full());
+    assert!(changes.services_changed.is_empty());
+    assert_eq!(changes.services, n as u64);
+
+    // Taken: tracking by name starts again.
+    services.apply(Event::Apply(service("s0", "10.0.0.1", 81, "2")));
+    let changes = take(&shared);
+    assert!(!changes.full);
+    assert_eq!(changes.services_changed, names(&["s0"]));
+}
+
+#[test]
+fn a_node_change_needs_a_full_sync() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut nodes = Applier::<core::Node>::new(shared.clone(), Some("node-a".into()));
+    nodes.apply(Event::Apply(decode(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a", "resourceVersion": "1"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.10"}]}
+    }))));
+    let changes = take(&shared);
+    assert!(changes.needs_full());
+    assert!(changes.services_changed.is_empty());
+}
+
+#[test]
+fn merged_changes_keep_every_name_and_a_full_flag_wins() {
+    let mut a = Changes {
+        services: 1,
+        services_changed: names(&["a"]),
+        ..Changes::default()
+    };
+    a.merge(Changes {
+        endpoint_slices: 2,
+        services_changed: names(&["b"]),
+        ..Changes::default()
+    });
+    assert_eq!(a.services_changed, names(&["a", "b"]));
+    assert_eq!((a.services, a.endpoint_slices), (1, 2));
+    a.merge(Changes {
+        full: true,
+        ..Changes::default()
+    });
+    assert!(a.full && a.services_changed.is_empty());
+    a.merge(Changes {
+        services_changed: names(&["c"]),
+        ..Changes::default()
+    });
+    assert!(a.full && a.services_changed.is_empty());
 }
