@@ -664,6 +664,10 @@ struct Writer<K: Kernel> {
     health_checks: Option<(Vec<IpAddr>, HealthCheckServers)>,
     /// What was derived from each Service at the last successful sync.
     caches: Caches,
+    /// Families whose last UDP conntrack reconciliation failed (e.g. a netlink timeout): retried
+    /// on the next sync, since the stale entries would otherwise stay until the next change of
+    /// a UDP Service's endpoints.
+    conntrack_retry: BTreeSet<IpFamily>,
 }
 
 impl<K: Kernel> Writer<K> {
@@ -683,6 +687,7 @@ impl<K: Kernel> Writer<K> {
             reconcile_udp: Box::new(conntrack::reconcile_udp),
             health_checks: None,
             caches: Caches::default(),
+            conntrack_retry: BTreeSet::new(),
         }
     }
 
@@ -736,7 +741,9 @@ impl<K: Kernel> Writer<K> {
             addrs,
             done.kind == SyncKind::Full || done.delta.health_checks,
         );
-        let conntrack_deleted = self.reconcile_conntrack(&done.delta.udp_families);
+        let mut families = std::mem::take(&mut self.conntrack_retry);
+        families.extend(done.delta.udp_families.iter().copied());
+        let conntrack_deleted = self.reconcile_conntrack(&families);
         let no_local = FAMILIES
             .into_iter()
             .map(|f| {
@@ -818,7 +825,12 @@ impl<K: Kernel> Writer<K> {
                     tracing::info!("deleted {n} stale {f} UDP conntrack entr(y/ies)");
                     out.push((f, n));
                 }
-                Err(e) => tracing::warn!("UDP conntrack reconciliation ({f}): {e}"),
+                Err(e) => {
+                    tracing::warn!(
+                        "UDP conntrack reconciliation ({f}) failed, retried on the next sync: {e}"
+                    );
+                    self.conntrack_retry.insert(f);
+                }
             }
         }
         out

@@ -870,6 +870,42 @@ fn a_failed_sync_leaves_the_caches_so_the_retry_still_reconciles() {
 }
 
 #[test]
+fn a_failed_conntrack_reconciliation_is_retried_on_the_next_sync() {
+    let mut h = Harness::new(dns_and_web("10.0.0.1", "10.0.1.1"));
+    h.full(true).unwrap();
+    h.reconciled();
+    let failing = Arc::new(AtomicBool::new(true));
+    let calls = h.reconciled.clone();
+    let fail = failing.clone();
+    h.writer.reconcile_udp = Box::new(move |f, services| {
+        calls.lock().unwrap().push((f, services.to_vec()));
+        if fail.load(Ordering::SeqCst) {
+            return Err(ConntrackError::Io {
+                context: "test".into(),
+                source: io::Error::other("injected timeout"),
+            });
+        }
+        Ok(0)
+    });
+    let changed = h.set(dns_and_web("10.0.0.2", "10.0.1.1"));
+    h.changed(changed).unwrap();
+    assert_eq!(h.reconciled().len(), 1, "tried once, and it failed");
+    failing.store(false, Ordering::SeqCst);
+    // A sync that changes no UDP Service (here: the TCP one) still retries the failed family.
+    let changed = h.set(dns_and_web("10.0.0.2", "10.0.1.2"));
+    h.changed(changed).unwrap();
+    let calls = h.reconciled();
+    assert_eq!(
+        calls.iter().map(|(f, _)| *f).collect::<Vec<_>>(),
+        [IpFamily::V4]
+    );
+    // Once it succeeded, nothing more is retried.
+    let changed = h.set(dns_and_web("10.0.0.2", "10.0.1.3"));
+    h.changed(changed).unwrap();
+    assert!(h.reconciled().is_empty());
+}
+
+#[test]
 fn a_changed_request_the_syncer_cannot_do_alone_is_synced_from_a_full_snapshot() {
     let mut h = Harness::new(dns_and_web("10.0.0.1", "10.0.1.1"));
     h.full(true).unwrap();
