@@ -106,29 +106,43 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             std::io::stdout().lock().write_all(text.as_bytes())?;
             Ok(())
         }
-        Mode::DryRun | Mode::Once => {
+        Mode::DryRun => {
             let (state, settings) = desired_inputs(config)?;
             let started = std::time::Instant::now();
+            // Affinity slots as a fresh kernel would get them: the output depends on the
+            // input only.
             let desired = ruleset::build(&state, &settings);
             tracing::debug!(
                 "built the ruleset in {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3
             );
-            if loaded.mode == Mode::DryRun {
-                let mut out = std::io::stdout().lock();
-                writeln!(
-                    out,
-                    "# nodeproxy ruleset for node {:?}: load with `nft -f`, inspect with `nft list table ip nodeproxy`",
-                    settings.node_name
-                )?;
-                out.write_all(ruleset::render::render(&desired).as_bytes())?;
-                return Ok(());
-            }
-            // The model is not needed any more; freeing it before lowering keeps the peak memory
-            // of a large sync at about one copy of the ruleset.
-            drop(state);
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "# nodeproxy ruleset for node {:?}: load with `nft -f`, inspect with `nft list table ip nodeproxy`",
+                settings.node_name
+            )?;
+            out.write_all(ruleset::render::render(&desired).as_bytes())?;
+            Ok(())
+        }
+        Mode::Once => {
+            let (state, settings) = desired_inputs(config)?;
             let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
-            let report = nft::sync(&mut kernel, desired)?;
+            // Built from what the kernel holds, so ClientIP-affinity endpoints keep their slots
+            // (and pinned clients their endpoints) across runs.
+            let report = nft::sync_with(&mut kernel, ruleset::names::TABLE, move |have| {
+                let started = std::time::Instant::now();
+                let hints = ruleset::Hints::from_tables(have);
+                let desired = ruleset::build_with(&state, &settings, &hints);
+                tracing::debug!(
+                    "built the ruleset in {:.1} ms",
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+                // The model is not needed any more; freeing it before lowering keeps the peak
+                // memory of a large sync at about one copy of the ruleset.
+                drop(state);
+                desired
+            })?;
             tracing::info!("{report}; peak RSS {} KiB", peak_rss_kib());
             Ok(())
         }
