@@ -90,14 +90,25 @@ pub fn affinity_slot_chain(timeout: u32, i: usize) -> String {
     format!("affinity-{timeout}s-slot-{i}")
 }
 
+/// The chain for services whose `k` endpoints are in slots `0..k` (dense) and whose affinity
+/// timeout is `timeout`: the client's pinned slot, or one at random.
+pub fn affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
+    format!("affinity-{timeout}s-pick-{k}")
+}
+
+/// Like [`affinity_dense_pick_chain`] for NodePort traffic, which is also marked for masquerade.
+pub fn nodeport_affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
+    format!("nodeport-affinity-{timeout}s-pick-{k}")
+}
+
 /// The verdict map `service address . protocol . port . random index below k` → the slot chain
 /// of one of the service's `k` endpoints.
 pub fn affinity_random_map(k: usize) -> String {
     format!("affinity-random-{k}")
 }
 
-/// The chain for services with `k` endpoints in slots below `n`: the client's pinned slot, or
-/// one of the `k` at random.
+/// The chain for services with `k` endpoints in slots below `n` (sparse, `n > k`): the client's
+/// pinned slot while occupied, or one of the `k` at random.
 pub fn affinity_pick_chain(k: usize, n: usize) -> String {
     format!("affinity-pick-{k}-in-{n}")
 }

@@ -3,34 +3,42 @@
 //! affinity timeout ago (refreshed by each new connection) and that endpoint still exists.
 //!
 //! kube-proxy keeps one dynamic set and one chain per endpoint. Here nothing is per service:
-//! each endpoint of a service key (`service address . protocol . port`) holds a *slot* id, and
+//! each endpoint of a service key (`service address . protocol . port`) holds a *slot*, and
 //!
 //! - `affinity-slot-<i>` (dynamic, timeout) holds `client . service address . protocol . port`
 //!   for clients pinned to slot `i`; the packet path writes it (`update`, `delete`), nodeproxy
 //!   only declares it, so a restart or resync keeps the pins;
 //! - `affinity-slot-<i>-endpoints` maps a service key to its endpoint in slot `i`;
-//! - `affinity-slot-<i>-chains` maps a service key with an endpoint in slot `i` to the slot chain
-//!   for its timeout: a pin counts only while its slot is occupied;
 //! - `affinity-<T>s-slot-<i>` (per timeout `T` in use and slot): pin the client to slot `i` for
-//!   `T` seconds, then DNAT to the slot's endpoint;
-//! - `affinity-random-<k>` maps `service key . numgen random mod k` to the slot chains of the
-//!   key's `k` endpoints: a uniform pick among the endpoints present, whatever their slots;
-//! - `affinity-pick-<k>-in-<n>` (per endpoint count `k` and slot range `n` in use): for each
-//!   slot below `n`, follow the client's pin if the slot is occupied, else delete the stale pin;
-//!   then pick at random. `nodeport-affinity-pick-<k>-in-<n>` marks for masquerade first.
+//!   `T` seconds, then DNAT to the slot's endpoint.
 //!
 //! Slots are stable: an endpoint keeps its slot while it exists, and a new endpoint takes the
-//! lowest slot free for its service key, so slots may be sparse (`n > k`). Where the previous
-//! slots come from: [`Hints`], decoded from the `affinity-slot-<i>-endpoints` maps the kernel
-//! holds (read back on start-up, so a restart keeps every assignment); without hints, slots are
-//! the endpoints' positions in sorted order.
+//! lowest slot free for its service key. Where the previous slots come from: [`Hints`], decoded
+//! from the `affinity-slot-<i>-endpoints` maps the kernel holds (read back on start-up, so a
+//! restart keeps every assignment); without hints, slots are the positions in sorted order.
+//!
+//! A key whose `k` endpoints are in slots `0..k` (dense: always so without hints, and again once
+//! new endpoints have refilled the holes) goes to `affinity-<T>s-pick-<k>`: the client's pinned
+//! slot, else a cascade of `numgen random mod (k-i)` rules, each slot taken with 1/k. That chain
+//! looks up no per-service verdict map, so it costs the kernel's chain validation nothing per
+//! service. A key with holes (sparse: highest slot `n-1 > k-1`) goes to
+//! `affinity-pick-<k>-in-<n>`, which reads two more kinds of elements:
+//!
+//! - `affinity-slot-<i>-chains` maps a sparse key with an endpoint in slot `i` to the slot chain
+//!   for its timeout: a pin counts only while its slot is occupied;
+//! - `affinity-random-<k>` maps `service key . numgen random mod k` to the slot chains of the
+//!   key's `k` endpoints: a uniform pick among the endpoints present, whatever their slots.
+//!
+//! For each slot below `n`, in ascending order, the sparse chain follows the client's pin if the
+//! slot is occupied, else deletes the stale pin; then it picks at random. NodePorts go through
+//! `nodeport-affinity-…` variants that mark for masquerade first.
 //!
 //! Stale pins: when an endpoint goes, its clients' pins stay in its slot set until they expire.
-//! The pick chain walks the slots in ascending order and deletes a pin whose slot is empty, so a
-//! client that connects again is pinned anew and holds no other pin; its next connections stop
-//! at its live pin, below any slot that might be refilled later. A client that does not connect
-//! while its slot is empty follows the pin to whichever endpoint refills the slot (kube-proxy
-//! deletes the pins with the endpoint's set and picks anew at random).
+//! A client that connects while the slot is empty is pinned anew (by the sparse chain, which
+//! deletes the stale pin, or by the dense one when the top slot went, whose stale pin lies above
+//! every live slot); its next connections stop at its live pin, below any slot refilled later. A
+//! client that does not connect while its slot is empty follows the pin to whichever endpoint
+//! refills the slot (kube-proxy deletes the pins with the endpoint's set and picks anew).
 //!
 //! A service port turns affinity on or off by moving its elements: data only, no rule changes,
 //! unless a new timeout, endpoint count or slot range needs its static chains.
@@ -254,9 +262,14 @@ struct Slots {
     random: BTreeMap<usize, Elements>,
     /// The slot range `n` each timeout's slot chains must cover.
     ranges: BTreeMap<u32, usize>,
-    /// `(k, n)` of the pick chains in use, and of the NodePort ones.
+    /// `(timeout, k)` of the dense pick chains in use, and of the NodePort ones.
+    dense: BTreeSet<(u32, usize)>,
+    nodeport_dense: BTreeSet<(u32, usize)>,
+    /// `(k, n)` of the sparse pick chains in use, and of the NodePort ones.
     picks: BTreeSet<(usize, usize)>,
     nodeport_picks: BTreeSet<(usize, usize)>,
+    /// Whether any sparse key uses slot `i`'s chains map.
+    sparse_slots: usize,
 }
 
 /// Rewrites `table` for the services with ClientIP affinity, keeping the slots `hints` gives.
@@ -384,16 +397,46 @@ pub(super) fn add(
             continue;
         }
         let k = eps.len();
-        let mut n = 0;
-        for svc_key in &job.svc_keys {
-            n = n.max(slots.add_key(svc_key, &eps, job.timeout, hints));
+        let keys: Vec<(&[Atom], Vec<usize>)> = job
+            .svc_keys
+            .iter()
+            .map(|key| {
+                let addrs: Vec<SocketAddr> = eps.iter().map(|(a, _)| *a).collect();
+                let previous = ServiceKey::from_atoms(key).and_then(|k| hints.slots(&k));
+                (key.as_slice(), assign_slots(&addrs, previous))
+            })
+            .collect();
+        // Every key of the element numbers its k endpoints 0..k exactly when the highest slot
+        // is k-1.
+        let n = keys
+            .iter()
+            .flat_map(|(_, slots)| slots.iter().map(|s| s + 1))
+            .max()
+            .unwrap_or(k);
+        let dense = n == k;
+        if !dense {
+            slots.sparse_slots = slots.sparse_slots.max(n);
         }
-        let chain = if job.nodeport {
-            slots.nodeport_picks.insert((k, n));
-            names::nodeport_affinity_pick_chain(k, n)
-        } else {
-            slots.picks.insert((k, n));
-            names::affinity_pick_chain(k, n)
+        for (key, assigned) in &keys {
+            slots.add_key(key, &eps, assigned, job.timeout, dense);
+        }
+        let chain = match (dense, job.nodeport) {
+            (true, false) => {
+                slots.dense.insert((job.timeout, k));
+                names::affinity_dense_pick_chain(job.timeout, k)
+            }
+            (true, true) => {
+                slots.nodeport_dense.insert((job.timeout, k));
+                names::nodeport_affinity_dense_pick_chain(job.timeout, k)
+            }
+            (false, false) => {
+                slots.picks.insert((k, n));
+                names::affinity_pick_chain(k, n)
+            }
+            (false, true) => {
+                slots.nodeport_picks.insert((k, n));
+                names::nodeport_affinity_pick_chain(k, n)
+            }
         };
         verdicts.push((job.set, job.elem, chain));
     }
@@ -411,18 +454,17 @@ pub(super) fn add(
 }
 
 impl Slots {
-    /// Assigns the slots of one service key's endpoints (sorted) and adds its elements; returns
-    /// the key's slot range (highest slot + 1).
+    /// Adds the elements of one service key whose endpoints (sorted) are in slots `assigned`:
+    /// its endpoint in each slot, and when the slots are sparse, what the sparse pick chains
+    /// read (which slots are occupied, and the random index of each).
     fn add_key(
         &mut self,
         svc_key: &[Atom],
         eps: &[(SocketAddr, Element)],
+        assigned: &[usize],
         timeout: u32,
-        hints: &Hints,
-    ) -> usize {
-        let addrs: Vec<SocketAddr> = eps.iter().map(|(a, _)| *a).collect();
-        let previous = ServiceKey::from_atoms(svc_key).and_then(|k| hints.slots(&k));
-        let assigned = assign_slots(&addrs, previous);
+        dense: bool,
+    ) {
         let mut by_slot: Vec<(usize, &Element)> = assigned
             .iter()
             .copied()
@@ -437,11 +479,14 @@ impl Slots {
                 comment: ep.comment.clone(),
                 origin: ep.origin.clone(),
             };
-            let to_slot = goto(names::affinity_slot_chain(timeout, *slot));
             self.endpoints
                 .entry(*slot)
                 .or_default()
                 .push(with(svc_key.to_vec(), ep.data.clone()));
+            if dense {
+                continue;
+            }
+            let to_slot = goto(names::affinity_slot_chain(timeout, *slot));
             self.chains
                 .entry(*slot)
                 .or_default()
@@ -456,7 +501,6 @@ impl Slots {
         let n = by_slot.last().map_or(0, |(slot, _)| slot + 1);
         let range = self.ranges.entry(timeout).or_default();
         *range = (*range).max(n);
-        n
     }
 
     /// The static sets, maps and chains the elements need.
@@ -482,6 +526,9 @@ impl Slots {
                 Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
                 self.endpoints.remove(&i).unwrap_or_default(),
             ));
+            if i >= self.sparse_slots {
+                continue;
+            }
             table.sets.push(set(
                 &names::affinity_slot_chains_map(i),
                 &format!(
@@ -526,9 +573,36 @@ impl Slots {
                 ));
             }
         }
-        let plain: BTreeSet<(usize, usize)> =
+        // Dense keys: the client's pinned slot, else a cascade of `numgen` over slots 0..k.
+        let dense: BTreeSet<(u32, usize)> =
+            self.dense.union(&self.nodeport_dense).copied().collect();
+        for &(timeout, k) in &dense {
+            table.chains.push(chain(
+                &names::affinity_dense_pick_chain(timeout, k),
+                &format!(
+                    "ClientIP affinity, {k} endpoints: the client's pinned slot, else one at random"
+                ),
+                None,
+                dense_pick_rules(timeout, k),
+            ));
+        }
+        for &(timeout, k) in &self.nodeport_dense {
+            // External traffic to a Cluster-policy service is always masqueraded (as
+            // nodeport-pick).
+            table.chains.push(chain(
+                &names::nodeport_affinity_dense_pick_chain(timeout, k),
+                &format!("masquerade NodePort traffic, then ClientIP affinity among {k} endpoints"),
+                None,
+                vec![vec![
+                    Stmt::MarkOr(settings.mark),
+                    Stmt::Verdict(Verdict::Goto(names::affinity_dense_pick_chain(timeout, k))),
+                ]],
+            ));
+        }
+        // Sparse keys.
+        let sparse: BTreeSet<(usize, usize)> =
             self.picks.union(&self.nodeport_picks).copied().collect();
-        for &(k, n) in &plain {
+        for &(k, n) in &sparse {
             table.chains.push(chain(
                 &names::affinity_pick_chain(k, n),
                 &format!(
@@ -540,8 +614,6 @@ impl Slots {
             ));
         }
         for &(k, n) in &self.nodeport_picks {
-            // External traffic to a Cluster-policy service is always masqueraded (as
-            // nodeport-pick).
             table.chains.push(chain(
                 &names::nodeport_affinity_pick_chain(k, n),
                 &format!("masquerade NodePort traffic, then ClientIP affinity among {k} endpoints"),
@@ -553,6 +625,33 @@ impl Slots {
             ));
         }
     }
+}
+
+/// The pick rules of a dense key (slots 0..k, all occupied): the client's pinned slot, else
+/// slot `i` with a cascade of `numgen random mod (k-i)` rules, rule `i` reached with probability
+/// (k-i)/k and taken with 1/(k-i), so each slot gets 1/k. No per-service verdict map is looked
+/// up here; the kernel's chain validation stays as cheap as for a service without affinity.
+fn dense_pick_rules(timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
+    let to_slot = |i: usize| Stmt::Verdict(Verdict::Goto(names::affinity_slot_chain(timeout, i)));
+    let mut rules: Vec<Vec<Stmt>> = (0..k)
+        .map(|i| {
+            vec![
+                Stmt::InSet {
+                    key: pin_key(),
+                    set: names::affinity_slot_set(i),
+                },
+                to_slot(i),
+            ]
+        })
+        .collect();
+    for i in 0..k.saturating_sub(1) {
+        let modulus = u32::try_from(k - i).unwrap_or(u32::MAX);
+        rules.push(vec![Stmt::RandomIs { modulus, value: 0 }, to_slot(i)]);
+    }
+    if k > 0 {
+        rules.push(vec![to_slot(k - 1)]);
+    }
+    rules
 }
 
 /// For each slot below `n` in ascending order: follow the client's pin while the service has an

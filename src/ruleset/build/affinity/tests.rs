@@ -210,6 +210,10 @@ fn slots_survive_the_kernel_form_when_endpoints_go_and_come() {
     let dense = slots(&[(A, 0), (B, 1), (C, 2)]);
     assert_eq!(slots_of(v4(&first), "203.0.113.20", 80), dense);
     assert_eq!(slots_of(v4(&first), "192.0.2.11", 30080), dense);
+    assert_eq!(
+        verdict_of(v4(&first), names::SERVICE_IPS, &cluster_key()),
+        "affinity-10800s-pick-3"
+    );
 
     // A goes: B and C keep their slots, wherever the service is reached.
     let second = build_with(&state(&[B, C]), &settings(), &hints_of(&first));
@@ -240,10 +244,16 @@ fn slots_survive_the_kernel_form_when_endpoints_go_and_come() {
         slots_of(v4(&third), "203.0.113.20", 80),
         slots(&[(D, 0), (B, 1), (C, 2)])
     );
+    // No holes any more: the dense chain, with no per-service verdict elements.
     assert_eq!(
         verdict_of(v4(&third), names::SERVICE_IPS, &cluster_key()),
-        "affinity-pick-3-in-3"
+        "affinity-10800s-pick-3"
     );
+    for set in &v4(&third).sets {
+        if set.name.starts_with("affinity-random-") || set.name.ends_with("-chains") {
+            assert!(set.elements.is_empty(), "{}: {:?}", set.name, set.elements);
+        }
+    }
     // The IPv6 table keeps its own slots.
     let v6 = third.table(IpFamily::V6).unwrap();
     assert_eq!(
