@@ -389,3 +389,32 @@ fn hints_are_read_for_the_services_asked_for() {
     assert_eq!(Hints::from_tables_for(&tables, &BTreeSet::from([web])), all);
     assert!(Hints::from_tables_for(&tables, &BTreeSet::from([other])).is_empty());
 }
+
+#[test]
+fn with_every_address_answering_node_ports_they_are_balanced_without_affinity() {
+    let mut all = settings();
+    all.nodeport_addresses = NodePortAddresses {
+        primary: false,
+        all: true,
+        cidrs: vec![],
+    };
+    let rs = build(&state(&[A, B, C]), &all);
+    // No NodePort address to key the slot maps on: the NodePort keeps its plain pick chain…
+    assert_eq!(
+        verdict_of(
+            v4(&rs),
+            names::NODEPORT_PICKS,
+            &[Atom::Proto(Protocol::Tcp), Atom::Port(30080)]
+        ),
+        "nodeport-pick-3"
+    );
+    // …and reaches every endpoint (a NodePort affinity chain would find no slot element for
+    // the node's address and leave the connection un-DNATed); the ClusterIP is still pinned.
+    let t = connect(&rs, "192.0.2.11:30080", &DynamicSets::new());
+    assert_eq!(t.dnat_targets(), [sock(A), sock(B), sock(C)]);
+    let on_b = pins_after(&connect(&rs, "203.0.113.20:80", &DynamicSets::new()), B);
+    assert_eq!(
+        connect(&rs, "203.0.113.20:80", &on_b).dnat_targets(),
+        [sock(B)]
+    );
+}
