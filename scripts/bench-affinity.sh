@@ -2,7 +2,9 @@
 # Kernel cost of ClientIP affinity and loadBalancerSourceRanges at 10k services × 5 endpoints:
 # every 10th service gets sessionAffinity ClientIP (a third of those a 60 s timeout) and every
 # 10th a LoadBalancer IP with two source ranges. Reports nodeproxy --once kernel time for a cold
-# load and for adding one affinity service, with and without the features.
+# load and for adding one affinity service, with and without the features; with them, also for
+# replacing the first endpoint of an affinity service (its slot is refilled at once) and for
+# removing the first endpoint of two affinity services (their slots get holes) and adding it back.
 # Usage: sudo scripts/bench-affinity.sh   (root: network namespaces; python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,7 @@ trap 'ip netns del "$ns" 2>/dev/null || true; rm -rf "$work"' EXIT
 args=(--hostname-override node-a --cluster-cidr 10.128.0.0/9)
 "$gen" 10000 5 >"$work/plain.json"
 "$gen" 10000 5 --add-service >"$work/plain-add.json"
+"$gen" 10000 5 --change-endpoint >"$work/plain-change.json"
 decorate() {
     python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -38,6 +41,16 @@ PY
 }
 decorate "$work/plain.json" "$work/feat.json"
 decorate "$work/plain-add.json" "$work/feat-add.json"
+decorate "$work/plain-change.json" "$work/feat-change.json"
+# Services 0 and 10 have affinity: drop their first endpoint.
+python3 - "$work/feat.json" "$work/feat-minus.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for item in doc["items"]:
+    if item.get("kind") == "EndpointSlice" and item["metadata"]["name"] in ("svc0-abcde", "svc10-abcde"):
+        item["endpoints"] = item["endpoints"][1:]
+json.dump(doc, open(sys.argv[2], "w"))
+PY
 once() {
     ip netns exec "$ns" "$bin" --once --from-file "$1" "${args[@]}" 2>&1 | grep synced \
         | sed -n 's/.* \([0-9]*\) message(s).*kernel \([0-9.]*\) ms.*/\2 ms (\1 msgs)/p'
@@ -50,3 +63,11 @@ for variant in plain feat; do
     ip netns del "$ns"
     echo "| $variant | cold: $cold | add one service: $add | nft -f cold: ${nft_s} s |"
 done
+ip netns add "$ns"
+once "$work/feat.json" >/dev/null
+change=$(once "$work/feat-change.json")
+once "$work/feat.json" >/dev/null
+minus=$(once "$work/feat-minus.json")
+back=$(once "$work/feat.json")
+ip netns del "$ns"
+echo "| feat | replace an affinity service's first endpoint: $change | remove the first endpoint of two: $minus | add them back: $back |"

@@ -99,39 +99,49 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             std::io::stdout().lock().write_all(text.as_bytes())?;
             Ok(())
         }
-        Mode::DryRun | Mode::Once => {
-            let (state, mut settings) = desired_inputs(config)?;
-            let mut kernel = None;
-            if loaded.mode == Mode::Once {
-                let mut k = nft::NetlinkKernel::new().context("opening the netlink socket")?;
-                // Owned while we run, and left persistent: the daemon can take the tables over
-                // later, which it could not do with tables created without persist.
-                let ownership = nft::probe::probe_ownership(&mut k)
-                    .context("probing the kernel for nftables table ownership")?;
-                tracing::info!("{ownership}");
-                settings.own_tables = ownership.enabled();
-                kernel = Some(k);
-            }
+        Mode::DryRun => {
+            let (state, settings) = desired_inputs(config)?;
             let started = std::time::Instant::now();
+            // Affinity slots as a fresh kernel would get them: the output depends on the
+            // input only.
             let desired = ruleset::build(&state, &settings);
             tracing::debug!(
                 "built the ruleset in {:.1} ms",
                 started.elapsed().as_secs_f64() * 1e3
             );
-            let Some(mut kernel) = kernel else {
-                let mut out = std::io::stdout().lock();
-                writeln!(
-                    out,
-                    "# nodeproxy ruleset for node {:?}: load with `nft -f`, inspect with `nft list table ip nodeproxy`",
-                    settings.node_name
-                )?;
-                out.write_all(ruleset::render::render(&desired).as_bytes())?;
-                return Ok(());
-            };
-            // The model is not needed any more; freeing it before lowering keeps the peak memory
-            // of a large sync at about one copy of the ruleset.
-            drop(state);
-            let report = nft::sync(&mut kernel, desired)?;
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "# nodeproxy ruleset for node {:?}: load with `nft -f`, inspect with `nft list table ip nodeproxy`",
+                settings.node_name
+            )?;
+            out.write_all(ruleset::render::render(&desired).as_bytes())?;
+            Ok(())
+        }
+        Mode::Once => {
+            let (state, mut settings) = desired_inputs(config)?;
+            let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
+            // Owned while we run, and left persistent: the daemon can take the tables over
+            // later, which it could not do with tables created without persist.
+            let ownership = nft::probe::probe_ownership(&mut kernel)
+                .context("probing the kernel for nftables table ownership")?;
+            tracing::info!("{ownership}");
+            settings.own_tables = ownership.enabled();
+            // Built from what the kernel holds, so ClientIP-affinity endpoints keep their slots
+            // (and pinned clients their endpoints) across runs.
+            let report = nft::sync_with(&mut kernel, ruleset::names::TABLE, move |have| {
+                let started = std::time::Instant::now();
+                let hints = ruleset::Hints::from_tables(have);
+                let desired = ruleset::build_with(&state, &settings, &hints);
+                tracing::debug!(
+                    "built the ruleset in {:.1} ms",
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+                // The model is not needed any more; freeing it before lowering keeps the peak
+                // memory of a large sync at about one copy of the ruleset.
+                drop(state);
+                desired
+            })?;
             tracing::info!("{report}; peak RSS {} KiB", peak_rss_kib());
             Ok(())
         }

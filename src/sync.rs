@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::model::{ClusterState, EndpointSlice, IpFamily, Service, ServiceName};
 use crate::nft::{self, Kernel, NftError, WireTable};
-use crate::ruleset::{self, Settings};
+use crate::ruleset::{self, Hints, Settings};
 
 /// How many times one sync rebuilds after quarantining: each round must quarantine at least one
 /// more Service, so this bounds the work when many Services fail at once.
@@ -77,6 +77,9 @@ pub struct Syncer<K: Kernel> {
     kernel: K,
     /// What the kernel holds, as far as we know, per family. Empty = unknown: read it back.
     applied: BTreeMap<IpFamily, Option<WireTable>>,
+    /// Tables read back for the affinity hints of the sync under way, for `apply` to diff
+    /// against instead of reading them a second time.
+    read_back: BTreeMap<IpFamily, Option<WireTable>>,
     quarantine: BTreeMap<ServiceName, Quarantined>,
 }
 
@@ -85,6 +88,7 @@ impl<K: Kernel> Syncer<K> {
         Syncer {
             kernel,
             applied: BTreeMap::new(),
+            read_back: BTreeMap::new(),
             quarantine: BTreeMap::new(),
         }
     }
@@ -115,6 +119,7 @@ impl<K: Kernel> Syncer<K> {
         let mut rounds = 0;
         let mut verify = verify;
         let mut confirmed = false;
+        let hints = self.affinity_hints(verify, &mut outcome)?;
         loop {
             let filtered;
             let effective = if self.quarantine.is_empty() {
@@ -123,13 +128,14 @@ impl<K: Kernel> Syncer<K> {
                 filtered = without(state, &self.quarantine);
                 &filtered
             };
-            let desired = ruleset::build(effective, settings);
+            let desired = ruleset::build_with(effective, settings, &hints);
             match self.apply(desired, verify, &mut outcome) {
                 Ok(()) => break,
                 Err(NftError::Rejected { errors }) => {
                     // The transaction was rolled back, so what the kernel holds is the last
                     // applied state, but that state may itself be unknown now: read it again.
                     self.applied.clear();
+                    self.read_back.clear();
                     // A rejection can come from a stale view of the kernel (someone changed our
                     // table, or a read-back missed elements) rather than from a Service: retry
                     // once against a fresh read-back before blaming any Service.
@@ -208,7 +214,7 @@ impl<K: Kernel> Syncer<K> {
             } else {
                 self.applied.remove(&family)
             };
-            let have = match known {
+            let have = match known.or_else(|| self.read_back.remove(&family)) {
                 Some(have) => have,
                 None => {
                     outcome.full = true;
@@ -257,6 +263,34 @@ impl<K: Kernel> Syncer<K> {
         Ok(Incremental::NeedsFull(
             "incremental sync not implemented yet",
         ))
+    }
+
+    /// ClientIP-affinity slots as the kernel holds them, so that pinned clients keep their
+    /// endpoints: from what was last applied, or from a read-back where that is unknown or
+    /// `verify` asks for one (kept for `apply`, which would read the same).
+    fn affinity_hints(
+        &mut self,
+        verify: bool,
+        outcome: &mut SyncOutcome,
+    ) -> Result<Hints, NftError> {
+        self.read_back.clear();
+        for family in IpFamily::ALL {
+            if verify || !self.applied.contains_key(&family) {
+                let t = Instant::now();
+                let have = self.kernel.read_table(family, ruleset::names::TABLE)?;
+                outcome.report.read += t.elapsed();
+                outcome.full = true;
+                self.read_back.insert(family, have);
+            }
+        }
+        let tables: Vec<&WireTable> = IpFamily::ALL
+            .iter()
+            .filter_map(|f| match self.read_back.get(f) {
+                Some(have) => have.as_ref(),
+                None => self.applied.get(f)?.as_ref(),
+            })
+            .collect();
+        Ok(Hints::from_tables(&tables))
     }
 
     /// Releases quarantined Services that changed since: they get another chance.

@@ -4,6 +4,9 @@
 //!
 //! Regenerate after an intended change with `UPDATE_GOLDEN=1 cargo test --test golden`, then
 //! review the diff: the goldens are the ruleset's documentation.
+//!
+//! A case with a previous state in `tests/fixtures/golden/before/<case>.yaml` is built over
+//! that state's table (its ClientIP-affinity slots kept), as a second `nodeproxy --once` does.
 
 // Tests fail by panicking; that is their job.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -12,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use nodeproxy::config;
+use nodeproxy::nft;
 use nodeproxy::ruleset::{self, Settings};
 use nodeproxy::source;
 
@@ -54,8 +58,8 @@ fn cases() -> Vec<(String, PathBuf, Vec<String>)> {
     out
 }
 
-/// Renders a fixture exactly as `nodeproxy --dry-run` does (minus its header comment line).
-pub fn render_case(path: &Path, args: &[String]) -> String {
+/// Builds a fixture exactly as `nodeproxy --dry-run` does.
+fn build_case(path: &Path, args: &[String], hints: &ruleset::Hints) -> ruleset::Ruleset {
     let mut argv = vec!["nodeproxy".to_string(), "--dry-run".to_string()];
     argv.extend(args.iter().cloned());
     argv.push("--from-file".into());
@@ -67,7 +71,30 @@ pub fn render_case(path: &Path, args: &[String]) -> String {
         &loaded.config,
         loaded.config.node_name().expect("node name"),
     );
-    ruleset::render::render(&ruleset::build(&input.state, &settings))
+    ruleset::build_with(&input.state, &settings, hints)
+}
+
+/// Renders a fixture as `nodeproxy --dry-run` does (minus its header comment line), or, when
+/// `before/<case>.yaml` holds a previous state, as nodeproxy programs it over that state's
+/// table: keeping the ClientIP-affinity slots read from it (`nodeproxy --once` twice).
+pub fn render_case(path: &Path, args: &[String]) -> String {
+    let before = path
+        .parent()
+        .expect("fixture directory")
+        .join("before")
+        .join(path.file_name().expect("fixture file"));
+    let hints = if before.exists() {
+        let previous = build_case(&before, args, &ruleset::Hints::default());
+        let tables: Vec<_> = previous
+            .tables
+            .iter()
+            .map(|t| nft::lower(t).expect("lowers"))
+            .collect();
+        ruleset::Hints::from_tables(&tables.iter().collect::<Vec<_>>())
+    } else {
+        ruleset::Hints::default()
+    };
+    ruleset::render::render(&build_case(path, args, &hints))
 }
 
 #[test]

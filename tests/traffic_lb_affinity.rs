@@ -172,3 +172,81 @@ fn lb_source_ranges_admit_listed_sources_and_drop_others_while_the_node_port_sta
         assert_eq!(distinct(&got), BTreeSet::from(["a2".to_string()]));
     }
 }
+
+/// Each client's endpoint, asking `rounds` times per client and failing the test if one client
+/// is answered by more than one endpoint.
+fn pinned(lab: &Lab, clients: &[IpAddr], rounds: usize) -> Vec<String> {
+    let node_port = Ns::NodeA.addr(false);
+    clients
+        .iter()
+        .map(|&src| {
+            let names: Vec<String> = (0..rounds)
+                .map(|i| {
+                    match lab.request_from(Ns::Client, Some(src), Proto::Tcp, node_port, 30100) {
+                        Ok((name, _)) => name,
+                        Err(e) => panic!("request {i} from {src} failed: {e}{}", ruleset(lab)),
+                    }
+                })
+                .collect();
+            assert_eq!(
+                distinct(&names).len(),
+                1,
+                "client {src} is not pinned: {names:?}{}",
+                ruleset(lab)
+            );
+            names[0].clone()
+        })
+        .collect()
+}
+
+/// kube-proxy keeps a pinned client on its endpoint for as long as that endpoint exists, whatever
+/// happens to the others. 24 clients (addresses of the client namespace) are pinned over the
+/// endpoints a1 < a2 < b1 of default/sticky; then a1, first in sorted order, goes away (each
+/// re-applied by a new `nodeproxy --once`, so the assignment also survives a restart): clients
+/// of a2 and b1 stay, a1's clients are pinned anew; then an endpoint that sorts before all
+/// others arrives (pod-a1 on port 8081, server `d`): every client stays where it was.
+#[test]
+fn client_ip_affinity_keeps_each_client_on_its_endpoint_when_others_come_and_go() {
+    let mut lab = sticky_lab();
+    lab.spawn_server(Ns::PodA1, Proto::Tcp, 8081, "d");
+    let clients: Vec<IpAddr> = (101..125)
+        .map(|i| {
+            lab.add_lan_address(Ns::Client, &format!("192.0.2.{i}/24"));
+            ip(&format!("192.0.2.{i}"))
+        })
+        .collect();
+    program_node_a(&lab, "affinity.yaml");
+    let before = pinned(&lab, &clients, 2);
+    // Every client on a2 is "a client pinned to B of {A, B, C}"; with 24 clients over three
+    // endpoints, none on a2 has probability (2/3)^24 < 1e-4.
+    assert!(
+        before.iter().any(|n| n == "a2"),
+        "no client was pinned to a2: {before:?}"
+    );
+
+    program_node_a(&lab, "affinity-minus-first.yaml");
+    let after_removal = pinned(&lab, &clients, 3);
+    for ((src, was), now) in clients.iter().zip(&before).zip(&after_removal) {
+        if was == "a1" {
+            assert!(now == "a2" || now == "b1", "client {src}: {was} -> {now}");
+        } else {
+            assert_eq!(
+                now,
+                was,
+                "client {src} left its endpoint when another one was removed{}",
+                ruleset(&lab)
+            );
+        }
+    }
+
+    program_node_a(&lab, "affinity-plus-new.yaml");
+    let after_addition = pinned(&lab, &clients, 3);
+    for ((src, was), now) in clients.iter().zip(&after_removal).zip(&after_addition) {
+        assert_eq!(
+            now,
+            was,
+            "client {src} left its endpoint when a new one was added{}",
+            ruleset(&lab)
+        );
+    }
+}

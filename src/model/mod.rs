@@ -54,6 +54,16 @@ impl Protocol {
         }
     }
 
+    /// The protocol with this IANA number, if it is one Services use.
+    pub fn from_number(n: u8) -> Option<Protocol> {
+        match n {
+            6 => Some(Protocol::Tcp),
+            17 => Some(Protocol::Udp),
+            132 => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+
     /// The nft keyword (`tcp`, `udp`, `sctp`).
     pub fn keyword(self) -> &'static str {
         match self {

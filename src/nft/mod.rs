@@ -16,6 +16,7 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -210,16 +211,55 @@ impl fmt::Display for SyncReport {
 /// Brings every table of `desired` into the kernel: read back, diff, apply.
 pub fn sync(kernel: &mut impl Kernel, desired: Ruleset) -> Result<SyncReport, NftError> {
     let mut rep = SyncReport::default();
+    apply_tables(kernel, desired, BTreeMap::new(), &mut rep)?;
+    Ok(rep)
+}
+
+/// Like [`sync`] for a ruleset that depends on what the kernel holds: reads our tables (named
+/// `name`, both families) back first, builds the desired ruleset from them (ClientIP-affinity
+/// slots, `ruleset::Hints::from_tables`), and diffs against that same read-back.
+pub fn sync_with(
+    kernel: &mut impl Kernel,
+    name: &str,
+    desired: impl FnOnce(&[&WireTable]) -> Ruleset,
+) -> Result<SyncReport, NftError> {
+    let mut rep = SyncReport::default();
+    let t = Instant::now();
+    let mut have = BTreeMap::new();
+    for family in IpFamily::ALL {
+        have.insert((family, name.to_owned()), kernel.read_table(family, name)?);
+    }
+    rep.read += t.elapsed();
+    let tables: Vec<&WireTable> = have.values().flatten().collect();
+    let desired = desired(&tables);
+    apply_tables(kernel, desired, have, &mut rep)?;
+    Ok(rep)
+}
+
+/// Diffs and applies each table of `desired` against `have`, by family and table name (read
+/// back when missing there).
+fn apply_tables(
+    kernel: &mut impl Kernel,
+    desired: Ruleset,
+    mut have: BTreeMap<(IpFamily, String), Option<WireTable>>,
+    rep: &mut SyncReport,
+) -> Result<(), NftError> {
     for table in desired.tables {
         let (family, name) = (table.family, table.name.clone());
         let t = Instant::now();
         let want = lower_owned(table)?;
         rep.lower += t.elapsed();
+        let current = match have.remove(&(family, name.clone())) {
+            Some(current) => current,
+            None => {
+                let t = Instant::now();
+                let current = kernel.read_table(family, &name)?;
+                rep.read += t.elapsed();
+                current
+            }
+        };
         let t = Instant::now();
-        let have = kernel.read_table(family, &name)?;
-        rep.read += t.elapsed();
-        let t = Instant::now();
-        let plan = diff(have.as_ref(), &want);
+        let plan = diff(current.as_ref(), &want);
         rep.diff += t.elapsed();
         rep.tables += 1;
         if plan.is_empty() {
@@ -236,5 +276,5 @@ pub fn sync(kernel: &mut impl Kernel, desired: Ruleset) -> Result<SyncReport, Nf
         rep.encode += st.encode;
         rep.kernel += st.kernel;
     }
-    Ok(rep)
+    Ok(())
 }

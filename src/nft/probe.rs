@@ -123,6 +123,13 @@ const PROBES: &[Probe] = &[
         build: build_dynset,
     },
     Probe {
+        // ClientIP affinity deletes stale pins from the packet path (NFT_DYNSET_OP_DELETE,
+        // kernel 5.4).
+        feature: "deleting from a dynamic set from the packet path",
+        config: |_| "CONFIG_NF_TABLES_SET (kernel >= 5.4)",
+        build: build_dynset_delete,
+    },
+    Probe {
         feature: "meta mark",
         config: |_| "CONFIG_NF_TABLES",
         build: build_mark,
@@ -565,13 +572,24 @@ fn build_fib(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
 /// `[ payload load 4b @ network header + 12 => reg 1 ]`
 /// `[ dynset update reg_key 1 set S timeout 10800000ms ]`.
 fn build_dynset(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    const NFT_DYNSET_OP_UPDATE: u32 = 1;
+    dynset_probe(family, p, "dynset", NFT_DYNSET_OP_UPDATE)
+}
+
+/// Like [`build_dynset`] with `delete @S { ip saddr }`.
+fn build_dynset_delete(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    const NFT_DYNSET_OP_DELETE: u32 = 2;
+    dynset_probe(family, p, "dynset-delete", NFT_DYNSET_OP_DELETE)
+}
+
+/// Set `<p>-seen` and chain `<p>-<chain>`.
+fn dynset_probe(family: IpFamily, p: &str, chain: &str, op: u32) -> Result<WireTable, NftError> {
     const NFT_SET_TIMEOUT: u32 = 0x10;
     const NFT_SET_EVAL: u32 = 0x20;
     const DYNSET_SET_NAME: u16 = 1;
     const DYNSET_OP: u16 = 3;
     const DYNSET_SREG_KEY: u16 = 4;
     const DYNSET_TIMEOUT: u16 = 6;
-    const NFT_DYNSET_OP_UPDATE: u32 = 1;
     let set_name = format!("{p}-seen");
     // ipv4_addr (7) / ipv6_addr (8) and where the source address sits in the header.
     let (key_type, key_len, saddr_offset) = match family {
@@ -580,7 +598,8 @@ fn build_dynset(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
     };
     let mut name = set_name.as_bytes().to_vec();
     name.push(0);
-    let three_hours_ms: u64 = 3 * 3600 * 1000;
+    // Only `update` refreshes a timeout; `delete` carries none.
+    let timeout_ms: u64 = if op == 1 { 3 * 3600 * 1000 } else { 0 };
     let exprs = vec![
         WireExpr::new(
             "payload",
@@ -595,13 +614,13 @@ fn build_dynset(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
             "dynset",
             vec![
                 (DYNSET_SET_NAME, name),
-                (DYNSET_OP, be32(NFT_DYNSET_OP_UPDATE)),
+                (DYNSET_OP, be32(op)),
                 (DYNSET_SREG_KEY, be32(1)),
-                (DYNSET_TIMEOUT, three_hours_ms.to_be_bytes().to_vec()),
+                (DYNSET_TIMEOUT, timeout_ms.to_be_bytes().to_vec()),
             ],
         ),
     ];
-    let mut w = raw_rule_chain(family, format!("{p}-dynset"), exprs)?;
+    let mut w = raw_rule_chain(family, format!("{p}-{chain}"), exprs)?;
     w.add_set(
         &set_name,
         WireSet {

@@ -23,6 +23,7 @@ const BYTEORDER_HOST: u32 = 1;
 const BYTEORDER_BIG: u32 = 2;
 
 /// `enum expr_types` in nft 1.0.6.
+const EXPR_VERDICT: u32 = 1;
 const EXPR_PAYLOAD: u32 = 7;
 const EXPR_META: u32 = 9;
 const EXPR_CONCAT: u32 = 13;
@@ -172,12 +173,24 @@ pub fn set_udata(family: IpFamily, set: &Set) -> Vec<u8> {
     // Value maps also carry the data's typeof (an empty concat for a concatenated `type`, as
     // for keys), and every map DATA_INTERVAL = 0 (nft 1.0.6, checked by the kernel tests
     // against maps nft itself created).
-    if let Some(SetData::Value(fields)) = &set.data {
-        if set.typeof_ {
-            tlv(&mut out, SET_DATA_TYPEOF, &typeof_of(family, fields));
-        } else if fields.len() > 1 {
-            tlv(&mut out, SET_DATA_TYPEOF, &empty_concat());
+    match &set.data {
+        Some(SetData::Value(fields)) => {
+            if set.typeof_ {
+                tlv(&mut out, SET_DATA_TYPEOF, &typeof_of(family, fields));
+            } else if fields.len() > 1 {
+                tlv(&mut out, SET_DATA_TYPEOF, &empty_concat());
+            }
         }
+        // A `typeof … : verdict` map describes its data as a verdict expression without data
+        // (`{0: EXPR_VERDICT, 1: {}}`); without it nft 1.0.6 lists the key as plain types and
+        // asserts (mergesort.c) on the elements.
+        Some(SetData::Verdict) if set.typeof_ => {
+            let mut verdict = Vec::new();
+            tlv_u32(&mut verdict, 0, EXPR_VERDICT);
+            tlv(&mut verdict, 1, &[]);
+            tlv(&mut out, SET_DATA_TYPEOF, &verdict);
+        }
+        Some(SetData::Verdict) | None => {}
     }
     if set.data.is_some() {
         tlv_u32(&mut out, SET_DATA_INTERVAL, 0);

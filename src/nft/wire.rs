@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::NftError;
 use super::msg::{NLA_F_NESTED, put_attr, put_str, put_u32_be};
 use super::udata;
-use crate::model::{IpFamily, ServicePortName};
+use crate::model::{IpFamily, Protocol, ServicePortName};
 use crate::ruleset::{
     AddrField, Atom, BaseChain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set, SetData,
     SetKind, Stmt, Table, Verdict,
@@ -357,6 +357,7 @@ const DYNSET_SREG_KEY: u16 = 4;
 const DYNSET_TIMEOUT: u16 = 6;
 const DYNSET_FLAGS: u16 = 9;
 const NFT_DYNSET_OP_UPDATE: u32 = 1;
+const NFT_DYNSET_OP_DELETE: u32 = 2;
 const NFT_BYTEORDER_HTON: u32 = 1;
 /// `NFT_LOOKUP_F_INV`: the lookup matches when the key is absent.
 const NFT_LOOKUP_F_INV: u32 = 1;
@@ -768,6 +769,24 @@ fn lower_stmt(
                 ],
             ));
         }
+        Stmt::DeleteFromSet { key, set } => {
+            check_set_key(family, table, set, key)?;
+            if table.set(set).is_none_or(|s| s.kind != SetKind::Dynamic) {
+                return Err(format!("delete from @{set}, which is not a dynamic set"));
+            }
+            load_key(family, key, out);
+            // The kernel dumps a timeout (0) and flags for every dynset, whatever its operation.
+            out.push(WireExpr::new(
+                "dynset",
+                vec![
+                    (DYNSET_SET_NAME, cstring(set)),
+                    (DYNSET_OP, be(NFT_DYNSET_OP_DELETE)),
+                    (DYNSET_SREG_KEY, be(1)),
+                    (DYNSET_TIMEOUT, 0u64.to_be_bytes().to_vec()),
+                    (DYNSET_FLAGS, be(0)),
+                ],
+            ));
+        }
         Stmt::RandomIs { modulus, value } => {
             out.push(WireExpr::new(
                 "numgen",
@@ -983,6 +1002,38 @@ fn encode_atoms_at(
         }
     }
     Ok(out.into_boxed_slice())
+}
+
+/// The inverse of [`encode_atoms`] for exact values (no ranges): the atoms `bytes` hold for
+/// `fields`, or `None` when they do not have that shape (wrong length, a protocol no Service
+/// uses). Reads back what nodeproxy wrote, e.g. the affinity slot maps.
+pub fn decode_atoms(family: IpFamily, fields: &[KeyField], bytes: &[u8]) -> Option<Vec<Atom>> {
+    let concat = fields.len() > 1;
+    let mut pos = 0usize;
+    let mut out = Vec::with_capacity(fields.len());
+    for f in fields {
+        let len = field_info(family, *f).len as usize;
+        let b = bytes.get(pos..pos + len)?;
+        out.push(match f {
+            KeyField::Saddr | KeyField::Daddr => match family {
+                IpFamily::V4 => {
+                    Atom::Addr(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(b).ok()?)))
+                }
+                IpFamily::V6 => {
+                    Atom::Addr(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(b).ok()?)))
+                }
+            },
+            KeyField::L4Proto => Atom::Proto(Protocol::from_number(*b.first()?)?),
+            KeyField::ThDport => Atom::Port(u16::from_be_bytes(b.try_into().ok()?)),
+            KeyField::Numgen { .. } => Atom::Int(u32::from_ne_bytes(b.try_into().ok()?)),
+        });
+        pos += if concat {
+            pad4(len as u32) as usize
+        } else {
+            len
+        };
+    }
+    (pos == bytes.len()).then_some(out)
 }
 
 /// Lowers a set's definition and `elements` (the set's own, borrowed or moved out of it: when

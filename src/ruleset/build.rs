@@ -1,4 +1,5 @@
-//! `build(state, settings) -> Ruleset`: the desired ruleset, pure and deterministic.
+//! `build(state, settings) -> Ruleset`: the desired ruleset, pure and deterministic
+//! (`build_with` also takes the affinity slots to keep, [`affinity::Hints`]).
 //!
 //! The layout is data-driven (DESIGN §3 "kernel cost"): a fixed set of chains, plus one small
 //! `pick-<k>` chain per endpoint count `k` in use, and every Service, endpoint and NodePort is an
@@ -128,8 +129,14 @@ fn first_of(nets: &[IpNet], family: IpFamily) -> Option<IpNet> {
         .find(|net| IpFamily::of(&net.addr()) == family)
 }
 
-/// Builds both tables.
+/// Builds both tables, with ClientIP-affinity slots in sorted endpoint order.
 pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
+    build_with(state, settings, &Hints::default())
+}
+
+/// Builds both tables, keeping every ClientIP-affinity endpoint in the slot `hints` gives it
+/// (see [`affinity`]): pass what the kernel holds so that pinned clients stay where they are.
+pub fn build_with(state: &ClusterState, settings: &Settings, hints: &Hints) -> Ruleset {
     Ruleset {
         tables: IpFamily::ALL
             .iter()
@@ -137,14 +144,15 @@ pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
                 let mut table = build_table(state, settings, family);
                 // Source ranges and session affinity live in their own modules.
                 firewall::add(state, settings, family, &mut table);
-                affinity::add(state, settings, family, &mut table);
+                affinity::add(state, settings, family, &mut table, hints);
                 table
             })
             .collect(),
     }
 }
 
-mod affinity;
+pub mod affinity;
+pub use affinity::{Hints, ServiceKey};
 mod firewall;
 
 /// Elements of one set; sorted and de-duplicated by [`finish`] once collected.

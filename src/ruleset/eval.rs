@@ -24,7 +24,12 @@
 //!   that hook are skipped, as in the kernel's NAT core.
 //! - `numgen random mod k` is not sampled: evaluation forks into one [`Branch`] per value, so a
 //!   trace holds every possible DNAT target and what happens to the packet after each.
+//! - Dynamic sets (`flags dynamic`: affinity pins) hold what earlier connections wrote, given as
+//!   [`DynamicSets`] ([`evaluate`] starts from none). `update` and `delete` change them, and
+//!   each [`Branch`] carries the sets as it left them: evaluating the same client's next
+//!   connection with a branch's sets shows where that client is pinned.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -169,6 +174,10 @@ pub enum Step {
     },
 }
 
+/// The elements of dynamic sets, by set name (of the packet's family's table): keys written
+/// from the packet path by earlier connections.
+pub type DynamicSets = BTreeMap<String, BTreeSet<Vec<Atom>>>;
+
 /// One possible path of the packet: one per combination of `numgen` values met on the way.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Branch {
@@ -182,6 +191,8 @@ pub struct Branch {
     pub decided_by: Option<RuleRef>,
     pub dnat: Option<Dnat>,
     pub masquerade: Option<Masquerade>,
+    /// The dynamic sets after this packet (its `update`s and `delete`s applied).
+    pub dynamic: DynamicSets,
 }
 
 /// Every possible path of one packet.
@@ -271,11 +282,22 @@ const MAX_RULES: usize = 100_000;
 const MAX_BRANCHES: usize = 65_536;
 
 /// Evaluates `packet` against `ruleset` on a node owning `local_addrs` (loopback addresses are
-/// always local). Only the tables of the packet's family apply.
+/// always local), with empty dynamic sets. Only the tables of the packet's family apply.
 pub fn evaluate(
     ruleset: &Ruleset,
     local_addrs: &[IpAddr],
     packet: Packet,
+) -> Result<Trace, EvalError> {
+    evaluate_with(ruleset, local_addrs, packet, &DynamicSets::new())
+}
+
+/// Like [`evaluate`], with the dynamic sets holding `dynamic` (e.g. a [`Branch::dynamic`] of
+/// an earlier connection).
+pub fn evaluate_with(
+    ruleset: &Ruleset,
+    local_addrs: &[IpAddr],
+    packet: Packet,
+    dynamic: &DynamicSets,
 ) -> Result<Trace, EvalError> {
     let family = IpFamily::of(&packet.src);
     if IpFamily::of(&packet.dst) != family {
@@ -296,7 +318,14 @@ pub fn evaluate(
     let mut pending: Vec<Vec<u32>> = vec![Vec::new()];
     let mut branches = Vec::new();
     while let Some(forced) = pending.pop() {
-        let mut run = Run::new(&tables, family, local_addrs, packet.clone(), forced.clone());
+        let mut run = Run::new(
+            &tables,
+            family,
+            local_addrs,
+            packet.clone(),
+            forced.clone(),
+            dynamic.clone(),
+        );
         run.path()?;
         let fresh = run.moduli.iter().enumerate().skip(forced.len());
         for (pos, &modulus) in fresh {
@@ -366,6 +395,7 @@ struct Run<'a> {
     choices: Vec<u32>,
     moduli: Vec<u32>,
     rules_run: usize,
+    dynamic: DynamicSets,
 }
 
 /// Per-rule context: the base chain's hook and type, and what the rule has matched so far.
@@ -390,6 +420,7 @@ impl<'a> Run<'a> {
         local_addrs: &'a [IpAddr],
         pkt: Packet,
         forced: Vec<u32>,
+        dynamic: DynamicSets,
     ) -> Run<'a> {
         Run {
             tables,
@@ -409,6 +440,7 @@ impl<'a> Run<'a> {
             choices: Vec::new(),
             moduli: Vec::new(),
             rules_run: 0,
+            dynamic,
         }
     }
 
@@ -421,6 +453,7 @@ impl<'a> Run<'a> {
             decided_by: self.decided_by,
             dnat: self.dnat,
             masquerade: self.masquerade,
+            dynamic: self.dynamic,
         }
     }
 
@@ -761,6 +794,24 @@ impl<'a> Run<'a> {
         Some(elem)
     }
 
+    /// Whether a dynamic set holds `key`; records a hit on the rule.
+    fn dynamic_lookup(&self, ctx: &mut RuleCtx<'_>, set: &Set, key: &[Atom]) -> bool {
+        let hit = self
+            .dynamic
+            .get(&set.name)
+            .is_some_and(|keys| keys.contains(key));
+        if hit {
+            let note = format!(
+                "@{}: {} (written by an earlier connection)",
+                set.name,
+                render::atoms(key)
+            );
+            ctx.element = Some(note.clone());
+            ctx.notes.push(note);
+        }
+        hit
+    }
+
     fn rule_ref(&self, ctx: &RuleCtx<'_>) -> RuleRef {
         RuleRef {
             chain: ctx.chain.to_string(),
@@ -818,7 +869,11 @@ impl<'a> Run<'a> {
             Stmt::InSet { key, set } => {
                 let set = self.set(ctx, set, key)?;
                 let key = self.key(ctx, stmt, key)?;
-                holds(self.lookup(ctx, set, &key).is_some())
+                if set.kind == SetKind::Dynamic {
+                    holds(self.dynamic_lookup(ctx, set, &key))
+                } else {
+                    holds(self.lookup(ctx, set, &key).is_some())
+                }
             }
             Stmt::Vmap { key, map } => {
                 let set = self.set(ctx, map, key)?;
@@ -927,15 +982,32 @@ impl<'a> Run<'a> {
             Stmt::NotInSet { key, set } => {
                 let set = self.set(ctx, set, key)?;
                 let key = self.key(ctx, stmt, key)?;
-                holds(self.lookup(ctx, set, &key).is_none())
+                if set.kind == SetKind::Dynamic {
+                    holds(!self.dynamic_lookup(ctx, set, &key))
+                } else {
+                    holds(self.lookup(ctx, set, &key).is_none())
+                }
             }
-            // The first packet of a connection: a dynamic set holds what earlier connections
-            // wrote, which the evaluator does not model (its sets are as declared, empty), so
-            // the update is an effect without a condition.
-            Stmt::UpdateSet { key, set, .. } => {
+            // Writes from the packet path: effects on this branch's dynamic sets, without a
+            // condition (a full set would still let the rule go on, which nodeproxy's rules do
+            // not rely on: the DNAT is in a rule of its own).
+            Stmt::UpdateSet { key, set, .. } | Stmt::DeleteFromSet { key, set } => {
                 let declared = self.set(ctx, set, key)?;
                 if declared.kind != SetKind::Dynamic {
-                    return Err(self.unsupported(ctx, stmt, "update of a set that is not dynamic"));
+                    return Err(self.unsupported(
+                        ctx,
+                        stmt,
+                        "update or delete of a set that is not dynamic",
+                    ));
+                }
+                let key = self.key(ctx, stmt, key)?;
+                let name = declared.name.clone();
+                let note = format!("@{name}: {}", render::atoms(&key));
+                if matches!(stmt, Stmt::UpdateSet { .. }) {
+                    ctx.notes.push(format!("{note} written"));
+                    self.dynamic.entry(name).or_default().insert(key);
+                } else if self.dynamic.get_mut(&name).is_some_and(|s| s.remove(&key)) {
+                    ctx.notes.push(format!("{note} deleted"));
                 }
                 Flow::Next
             }

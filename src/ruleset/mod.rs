@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::model::{IpFamily, Protocol, ServicePortName};
 
-pub use build::{Settings, build, diagnostics};
+pub use build::{Hints, Settings, build, build_with, diagnostics};
 
 /// Everything nodeproxy programs: one table per IP family.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +187,12 @@ pub enum Stmt {
         key: Vec<KeyField>,
         set: String,
         timeout_secs: u32,
+    },
+    /// `delete @set { <key> }`: removes the key from a dynamic set from the packet path (a
+    /// no-op when it is not there). Kernel >= 5.4 (`NFT_DYNSET_OP_DELETE`).
+    DeleteFromSet {
+        key: Vec<KeyField>,
+        set: String,
     },
     /// `numgen random mod <modulus> <value>`: matches with probability 1/modulus.
     RandomIs {

@@ -66,20 +66,56 @@ pub fn affinity_slot_map(i: usize) -> String {
     format!("affinity-slot-{i}-endpoints")
 }
 
+/// The slot `i` of a map named by [`affinity_slot_map`].
+pub fn affinity_slot_of_map(name: &str) -> Option<usize> {
+    let i = name
+        .strip_prefix("affinity-slot-")?
+        .strip_suffix("-endpoints")?;
+    // Only the canonical spelling (no sign, no leading zeros), so that the name round-trips.
+    if i.is_empty() || (i.len() > 1 && i.starts_with('0')) || !i.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    i.parse().ok()
+}
+
+/// The verdict map `service address . protocol . port` → the slot chain (for the service's
+/// timeout) of services with an endpoint in slot `i`.
+pub fn affinity_slot_chains_map(i: usize) -> String {
+    format!("affinity-slot-{i}-chains")
+}
+
 /// The chain that pins a client to slot `i` for `timeout` seconds and DNATs to that slot.
 pub fn affinity_slot_chain(timeout: u32, i: usize) -> String {
     format!("affinity-{timeout}s-slot-{i}")
 }
 
-/// The chain that sends a service with `k` endpoints and affinity timeout `timeout` to the
-/// client's pinned slot, or picks one at random.
-pub fn affinity_pick_chain(timeout: u32, k: usize) -> String {
+/// The chain for services whose `k` endpoints are in slots `0..k` (dense) and whose affinity
+/// timeout is `timeout`: the client's pinned slot, or one at random.
+pub fn affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
     format!("affinity-{timeout}s-pick-{k}")
 }
 
-/// Like [`affinity_pick_chain`] for NodePort traffic, which is also marked for masquerade.
-pub fn nodeport_affinity_pick_chain(timeout: u32, k: usize) -> String {
+/// Like [`affinity_dense_pick_chain`] for NodePort traffic, which is also marked for masquerade.
+pub fn nodeport_affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
     format!("nodeport-affinity-{timeout}s-pick-{k}")
+}
+
+/// The verdict map `service address . protocol . port . random index below k` → the slot chain
+/// of one of the service's `k` endpoints.
+pub fn affinity_random_map(k: usize) -> String {
+    format!("affinity-random-{k}")
+}
+
+/// The chain for services with `k` endpoints in slots below `n` (sparse, `n > k`): the client's
+/// pinned slot while occupied, or one of the `k` at random.
+pub fn affinity_pick_chain(k: usize, n: usize) -> String {
+    format!("affinity-pick-{k}-in-{n}")
+}
+
+/// Like [`affinity_pick_chain`] for NodePort traffic, which is also marked for masquerade.
+pub fn nodeport_affinity_pick_chain(k: usize, n: usize) -> String {
+    format!("nodeport-affinity-pick-{k}-in-{n}")
 }
 
 /// The chain that DNATs ClusterIP traffic to one of `k` endpoints.

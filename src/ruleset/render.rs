@@ -347,6 +347,9 @@ pub fn stmt(family: IpFamily, s: &Stmt) -> String {
             key_exprs(family, key),
             duration(*timeout_secs)
         ),
+        Stmt::DeleteFromSet { key, set } => {
+            format!("delete @{set} {{ {} }}", key_exprs(family, key))
+        }
         Stmt::RandomIs { modulus, value } => format!("numgen random mod {modulus} {value}"),
         Stmt::Verdict(v) => verdict(v),
     }

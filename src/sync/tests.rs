@@ -231,3 +231,92 @@ fn a_rejection_of_every_service_in_turn_is_bounded() {
     let out = syncer.sync(&st, &settings(), false).unwrap();
     assert_eq!(out.quarantined.len(), everyone.len());
 }
+
+/// `ns/sticky` (ClusterIP 203.0.113.30) with ClientIP affinity and one endpoint per address.
+fn add_sticky(state: &mut ClusterState, endpoints: &[&str]) {
+    add_service(state, "sticky", "203.0.113.30", endpoints[0]);
+    let svc = name("ns", "sticky");
+    if let Some(s) = state.services.get_mut(&svc) {
+        s.session_affinity_timeout = Some(10800);
+    }
+    if let Some(slice) = state.slices.get_mut(&name("ns", "sticky-1")) {
+        let template = slice.endpoints[0].clone();
+        slice.endpoints = endpoints
+            .iter()
+            .map(|addr| SliceEndpoint {
+                addr: addr.parse().unwrap(),
+                ..template.clone()
+            })
+            .collect();
+    }
+}
+
+/// The slot map holding `endpoint` (`addr . 8080`) for the ClusterIP of `ns/sticky`.
+fn slot_map_of(k: &mut PoisonKernel, endpoint: &str) -> Vec<String> {
+    let table = k
+        .inner
+        .read_table(IpFamily::V4, "nodeproxy")
+        .unwrap()
+        .unwrap();
+    table
+        .sets
+        .iter()
+        .filter(|(name, _)| name.ends_with("-endpoints") && name.starts_with("affinity-slot-"))
+        .filter(|(_, set)| {
+            set.elements.iter().any(|(key, e)| {
+                set.format_key(key) == "203.0.113.30 . tcp . 80"
+                    && matches!(&e.data, Some(crate::nft::WireData::Value(v))
+                        if crate::nft::wire::format_concat(set.data_type.unwrap_or(0), v)
+                            == format!("{endpoint} . 8080"))
+            })
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+#[test]
+fn affinity_slots_are_kept_across_a_restart_from_what_the_kernel_holds() {
+    let (a, b, c) = ("198.51.100.31", "198.51.100.32", "198.51.100.33");
+    let mut st = state();
+    add_sticky(&mut st, &[a, b, c]);
+    let mut syncer = Syncer::new(kernel(&[]));
+    syncer.sync(&st, &settings(), false).unwrap();
+    // One read per family: the affinity hints and the diff share the read-back.
+    assert_eq!(syncer.kernel().reads, 2);
+    assert_eq!(
+        slot_map_of(syncer.kernel(), b),
+        ["affinity-slot-1-endpoints"]
+    );
+
+    // A new process (nothing applied in memory) over the same kernel, after `a` went away.
+    let mut restarted = Syncer::new(PoisonKernel {
+        inner: std::mem::take(&mut syncer.kernel().inner),
+        poisoned: Vec::new(),
+        reads: 0,
+    });
+    let mut without_a = state();
+    add_sticky(&mut without_a, &[b, c]);
+    restarted.sync(&without_a, &settings(), false).unwrap();
+    assert_eq!(restarted.kernel().reads, 2);
+    assert_eq!(
+        slot_map_of(restarted.kernel(), b),
+        ["affinity-slot-1-endpoints"]
+    );
+    assert_eq!(
+        slot_map_of(restarted.kernel(), c),
+        ["affinity-slot-2-endpoints"]
+    );
+    // In steady state the hints come from what was applied: no read.
+    let mut with_d = state();
+    add_sticky(&mut with_d, &["198.51.100.3", b, c]);
+    restarted.sync(&with_d, &settings(), false).unwrap();
+    assert_eq!(restarted.kernel().reads, 2);
+    assert_eq!(
+        slot_map_of(restarted.kernel(), "198.51.100.3"),
+        ["affinity-slot-0-endpoints"]
+    );
+    assert_eq!(
+        slot_map_of(restarted.kernel(), b),
+        ["affinity-slot-1-endpoints"]
+    );
+}

@@ -287,6 +287,23 @@ pub fn table(family: IpFamily) -> Table {
             ],
         ),
     ];
+    let mut sets = sets;
+    sets.push(set(
+        "random-k2",
+        "random index to a chain",
+        vec![Daddr, L4Proto, ThDport, Numgen { modulus: 2 }],
+        Some(SetData::Verdict),
+        true,
+        vec![elem(
+            {
+                let mut k = svc3(a, Protocol::Udp, 53);
+                k.push(Atom::Int(1));
+                k
+            },
+            Some(goto("affinity-2s-slot-0")),
+            Some(dns.clone()),
+        )],
+    ));
     let mut pick2 = vec![
         vec![
             Stmt::AddrMatch {
@@ -371,6 +388,20 @@ pub fn table(family: IpFamily) -> Table {
                     },
                     Stmt::Verdict(Verdict::Goto("affinity-2s-slot-0".into())),
                 ],
+                vec![
+                    Stmt::InSet {
+                        key: vec![Saddr, Daddr, L4Proto, ThDport],
+                        set: "affinity-slot-0".into(),
+                    },
+                    Stmt::DeleteFromSet {
+                        key: vec![Saddr, Daddr, L4Proto, ThDport],
+                        set: "affinity-slot-0".into(),
+                    },
+                ],
+                vec![Stmt::Vmap {
+                    key: vec![Daddr, L4Proto, ThDport, Numgen { modulus: 2 }],
+                    map: "random-k2".into(),
+                }],
                 vec![
                     Stmt::RandomIs {
                         modulus: 3,

@@ -571,12 +571,30 @@ impl Lab {
         addr: IpAddr,
         port: u16,
     ) -> Result<(String, String), String> {
-        let target = match (proto, addr) {
+        self.request_from(from, None, proto, addr, port)
+    }
+
+    /// Like [`Lab::request`], from source address `src` (one of `from`'s addresses, e.g. added
+    /// with [`Lab::add_lan_address`]) when given: several clients in one namespace.
+    pub fn request_from(
+        &self,
+        from: Ns,
+        src: Option<IpAddr>,
+        proto: Proto,
+        addr: IpAddr,
+        port: u16,
+    ) -> Result<(String, String), String> {
+        let mut target = match (proto, addr) {
             (Proto::Tcp, IpAddr::V4(a)) => format!("TCP4:{a}:{port},connect-timeout=2"),
             (Proto::Tcp, IpAddr::V6(a)) => format!("TCP6:[{a}]:{port},connect-timeout=2"),
             (Proto::Udp, IpAddr::V4(a)) => format!("UDP4:{a}:{port}"),
             (Proto::Udp, IpAddr::V6(a)) => format!("UDP6:[{a}]:{port}"),
         };
+        match src {
+            Some(IpAddr::V4(s)) => target.push_str(&format!(",bind={s}")),
+            Some(IpAddr::V6(s)) => target.push_str(&format!(",bind=[{s}]")),
+            None => {}
+        }
         // -T bounds socat's own life should this process fail to kill it.
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.ns(from), "socat", "-T", "5"])

@@ -129,6 +129,8 @@ fn the_probe_objects_read_back_as_the_nft_statements_they_stand_for() {
             v6.contains("update @p7-seen { ip6 saddr timeout 3h }"),
             "{v6}"
         );
+        assert!(v4.contains("delete @p8-seen { ip saddr }"), "{v4}");
+        assert!(v6.contains("delete @p8-seen { ip6 saddr }"), "{v6}");
         k.delete_tables(&name).unwrap();
     });
 }

@@ -1,45 +1,193 @@
 //! `sessionAffinity: ClientIP`: every new connection from a client to a service port goes to
 //! the endpoint the client's previous connection went to, as long as that was less than the
-//! affinity timeout ago (refreshed by each new connection).
+//! affinity timeout ago (refreshed by each new connection) and that endpoint still exists.
 //!
 //! kube-proxy keeps one dynamic set and one chain per endpoint. Here nothing is per service:
-//! endpoints are numbered by slot (the same sorted order `pick-<k>` uses), and
+//! each endpoint of a service key (`service address . protocol . port`) holds a *slot*, and
 //!
 //! - `affinity-slot-<i>` (dynamic, timeout) holds `client . service address . protocol . port`
-//!   for clients pinned to slot `i`; the packet path writes it (`update`), nodeproxy only declares
-//!   it, so a restart or resync keeps the pins;
-//! - `affinity-slot-<i>-endpoints` maps `service address . protocol . port` to the endpoint in
-//!   slot `i` of every service with affinity;
-//! - `affinity-<T>s-slot-<i>` (one per timeout `T` in use and slot): pin the client to slot `i`
-//!   for `T` seconds, then DNAT to the slot's endpoint;
-//! - `affinity-<T>s-pick-<k>` (one per timeout and endpoint count in use): go to the client's
-//!   pinned slot if it has one, else pick a slot uniformly at random (a cascade of
-//!   `numgen random mod (k-i)` rules, `i`-th taken with probability 1/(k-i), so each slot with 1/k;
-//!   no anonymous set);
-//! - `nodeport-affinity-<T>s-pick-<k>`: the same for NodePorts, after marking for masquerade.
+//!   for clients pinned to slot `i`; the packet path writes it (`update`, `delete`), nodeproxy
+//!   only declares it, so a restart or resync keeps the pins;
+//! - `affinity-slot-<i>-endpoints` maps a service key to its endpoint in slot `i`;
+//! - `affinity-<T>s-slot-<i>` (per timeout `T` in use and slot): pin the client to slot `i` for
+//!   `T` seconds, then DNAT to the slot's endpoint.
 //!
-//! A service port turns affinity on or off by moving its elements (`service-ips` verdict, its
-//! endpoints between `pick-<k>-endpoints` and the slot maps): data only, no rule changes, unless a
-//! new timeout or endpoint count needs its static chains. The per-element timeout is carried by
-//! the `update` statement of the slot chain, hence chains per timeout value in use.
+//! Slots are stable: an endpoint keeps its slot while it exists, and a new endpoint takes the
+//! lowest slot free for its service key. Where the previous slots come from: [`Hints`], decoded
+//! from the `affinity-slot-<i>-endpoints` maps the kernel holds (read back on start-up, so a
+//! restart keeps every assignment); without hints, slots are the positions in sorted order.
+//!
+//! A key whose `k` endpoints are in slots `0..k` (dense: always so without hints, and again once
+//! new endpoints have refilled the holes) goes to `affinity-<T>s-pick-<k>`: the client's pinned
+//! slot, else a cascade of `numgen random mod (k-i)` rules, each slot taken with 1/k. That chain
+//! looks up no per-service verdict map, so it costs the kernel's chain validation nothing per
+//! service. A key with holes (sparse: highest slot `n-1 > k-1`) goes to
+//! `affinity-pick-<k>-in-<n>`, which reads two more kinds of elements:
+//!
+//! - `affinity-slot-<i>-chains` maps a sparse key with an endpoint in slot `i` to the slot chain
+//!   for its timeout: a pin counts only while its slot is occupied;
+//! - `affinity-random-<k>` maps `service key . numgen random mod k` to the slot chains of the
+//!   key's `k` endpoints: a uniform pick among the endpoints present, whatever their slots.
+//!
+//! For each slot below `n`, in ascending order, the sparse chain follows the client's pin if the
+//! slot is occupied, else deletes the stale pin; then it picks at random. NodePorts go through
+//! `nodeport-affinity-…` variants that mark for masquerade first.
+//!
+//! Stale pins: when an endpoint goes, its clients' pins stay in its slot set until they expire.
+//! A client that connects while the slot is empty is pinned anew (by the sparse chain, which
+//! deletes the stale pin, or by the dense one when the top slot went, whose stale pin lies above
+//! every live slot); its next connections stop at its live pin, below any slot refilled later. A
+//! client that does not connect while its slot is empty follows the pin to whichever endpoint
+//! refills the slot (kube-proxy deletes the pins with the endpoint's set and picks anew).
+//!
+//! A service port turns affinity on or off by moving its elements: data only, no rule changes,
+//! unless a new timeout, endpoint count or slot range needs its static chains.
 //!
 //! This runs after the main builder and rewrites what it produced for affinity services: a
-//! `service-ips`/`external-picks`/`nodeport-picks` element that goes to `pick-<k>`/`nodeport-pick-<k>` goes to
-//! the affinity chains instead, and its `k` endpoint elements move to the slot maps. Elements that
-//! go elsewhere are left alone.
+//! `service-ips`/`external-picks`/`nodeport-picks` element that goes to `pick-<k>`/`nodeport-pick-<k>`
+//! goes to the affinity chains instead, and its `k` endpoint elements move to the slot maps.
+//! Elements that go elsewhere are left alone.
 //!
-//! Known difference from kube-proxy: pins are per slot, so when a service's endpoint list
-//! changes, clients pinned to a slot whose endpoint changed follow the slot (kube-proxy pins to
-//! the endpoint). The key holds the destination (ClusterIP or node address and NodePort), so a
-//! client's pins via the ClusterIP and via a NodePort are independent.
+//! Known differences from kube-proxy: the pin key holds the destination (ClusterIP or node
+//! address and NodePort), so a client's pins via the ClusterIP and via a NodePort are
+//! independent; Local-policy endpoint lists of external traffic are not pinned; and with
+//! `--nodeport-addresses` matching every address (no NodePort address set to key the slot maps
+//! on) NodePorts are balanced without affinity.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::{Elements, Settings, chain, goto, set};
-use crate::model::{ClusterState, IpFamily, ServicePortName};
+use crate::model::{ClusterState, IpFamily, Protocol, ServiceName, ServicePortName};
+use crate::nft::wire::{WireData, WireTable, decode_atoms};
 use crate::ruleset::names;
 use crate::ruleset::{Atom, ElemData, Element, KeyField, SetData, SetKind, Stmt, Table, Verdict};
+
+/// `service address . protocol . port`: what affinity slots are assigned per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    pub addr: IpAddr,
+    pub proto: Protocol,
+    pub port: u16,
+}
+
+impl ServiceKey {
+    fn from_atoms(atoms: &[Atom]) -> Option<ServiceKey> {
+        match atoms {
+            [Atom::Addr(addr), Atom::Proto(proto), Atom::Port(port)] => Some(ServiceKey {
+                addr: *addr,
+                proto: *proto,
+                port: *port,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The slot of each ClientIP-affinity endpoint, per service key, as a previous build assigned
+/// them: [`super::build_with`] keeps these, so pinned clients stay on their endpoints.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hints {
+    slots: BTreeMap<ServiceKey, BTreeMap<SocketAddr, usize>>,
+}
+
+impl Hints {
+    /// The assignments held by `tables` (our tables, read back from the kernel or as last
+    /// applied): every element of every `affinity-slot-<i>-endpoints` map.
+    pub fn from_tables(tables: &[&WireTable]) -> Hints {
+        Self::decode(tables, |_| true)
+    }
+
+    /// Like [`Hints::from_tables`], only for the elements built for `services` (by the
+    /// elements' origin; elements without one, as read back from the kernel, are all kept):
+    /// what a build of part of the state (`ClusterState::subset`) needs.
+    pub fn from_tables_for(tables: &[&WireTable], services: &BTreeSet<ServiceName>) -> Hints {
+        Self::decode(tables, |origin| {
+            origin.is_none_or(|o| services.contains(&o.service))
+        })
+    }
+
+    fn decode(tables: &[&WireTable], keep: impl Fn(Option<&ServicePortName>) -> bool) -> Hints {
+        let mut hints = Hints::default();
+        let key_fields = service_key();
+        let data_fields = [KeyField::Daddr, KeyField::ThDport];
+        for table in tables {
+            for (name, set) in &table.sets {
+                let Some(slot) = names::affinity_slot_of_map(name) else {
+                    continue;
+                };
+                for (key, elem) in &set.elements {
+                    if !keep(elem.origin.as_deref()) {
+                        continue;
+                    }
+                    let Some(WireData::Value(data)) = &elem.data else {
+                        continue;
+                    };
+                    let key = decode_atoms(table.family, &key_fields, key);
+                    let data = decode_atoms(table.family, &data_fields, data);
+                    let (Some(key), Some(data)) = (key, data) else {
+                        continue;
+                    };
+                    let (Some(key), [Atom::Addr(addr), Atom::Port(port)]) =
+                        (ServiceKey::from_atoms(&key), data.as_slice())
+                    else {
+                        continue;
+                    };
+                    hints.insert(key, SocketAddr::new(*addr, *port), slot);
+                }
+            }
+        }
+        hints
+    }
+
+    /// Records that `endpoint` of `key` is in `slot`. An endpoint found in two slots (which
+    /// nodeproxy never writes) keeps the lower one, whatever the order they are found in.
+    pub fn insert(&mut self, key: ServiceKey, endpoint: SocketAddr, slot: usize) {
+        let slots = self.slots.entry(key).or_default();
+        let e = slots.entry(endpoint).or_insert(slot);
+        *e = (*e).min(slot);
+    }
+
+    /// The slots of the endpoints of `key`.
+    pub fn slots(&self, key: &ServiceKey) -> Option<&BTreeMap<SocketAddr, usize>> {
+        self.slots.get(key)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
+/// The slot of each of `endpoints`: the one `previous` gives it when that is still free, else
+/// the lowest free one, taken in the order of `endpoints`. Without `previous`, `0..k` in order.
+pub(crate) fn assign_slots(
+    endpoints: &[SocketAddr],
+    previous: Option<&BTreeMap<SocketAddr, usize>>,
+) -> Vec<usize> {
+    let mut used = BTreeSet::new();
+    let kept: Vec<Option<usize>> = endpoints
+        .iter()
+        .map(|ep| {
+            previous
+                .and_then(|p| p.get(ep))
+                .copied()
+                .filter(|&slot| used.insert(slot))
+        })
+        .collect();
+    let mut next = 0;
+    kept.into_iter()
+        .map(|slot| {
+            slot.unwrap_or_else(|| {
+                while used.contains(&next) {
+                    next += 1;
+                }
+                used.insert(next);
+                next
+            })
+        })
+        .collect()
+}
 
 /// `client . service address . protocol . port`: the key of the pins.
 fn pin_key() -> Vec<KeyField> {
@@ -55,6 +203,14 @@ fn service_key() -> Vec<KeyField> {
     vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport]
 }
 
+fn random_key(k: usize) -> Vec<KeyField> {
+    let mut key = service_key();
+    key.push(KeyField::Numgen {
+        modulus: u32::try_from(k).unwrap_or(u32::MAX),
+    });
+    key
+}
+
 /// The endpoint count `k` of a `goto <prefix><k>` verdict.
 fn pick_count(data: &Option<ElemData>, prefix: &str) -> Option<usize> {
     match data {
@@ -64,11 +220,7 @@ fn pick_count(data: &Option<ElemData>, prefix: &str) -> Option<usize> {
 }
 
 /// Removes and returns the elements of map `name` whose key is one of `prefixes` plus a slot.
-fn take_endpoints(
-    table: &mut Table,
-    name: &str,
-    prefixes: &BTreeMap<Vec<Atom>, Vec<Vec<Atom>>>,
-) -> Vec<Element> {
+fn take_endpoints(table: &mut Table, name: &str, prefixes: &BTreeSet<Vec<Atom>>) -> Vec<Element> {
     let Some(map) = table.sets.iter_mut().find(|s| s.name == name) else {
         return Vec::new();
     };
@@ -77,20 +229,57 @@ fn take_endpoints(
         .partition(|e| {
             e.key
                 .split_last()
-                .is_some_and(|(_, prefix)| prefixes.contains_key(prefix))
+                .is_some_and(|(_, prefix)| prefixes.contains(prefix))
         });
     map.elements = kept;
     taken
 }
 
-/// One affinity service port found in the dispatch maps.
-struct Pinned {
+/// The endpoint elements of one key prefix of a pick map, with their (dense) slots there.
+type Numbered = Vec<(u32, Element)>;
+
+/// One dispatch element of an affinity service port, found in pass 1.
+struct Job {
+    /// Where the element is: index of its map in `table.sets`, and in the map's elements.
+    set: usize,
+    elem: usize,
+    nodeport: bool,
     timeout: u32,
-    k: usize,
+    /// The `pick` map its endpoints are in, under this key prefix.
+    from_map: String,
+    from_key: Vec<Atom>,
+    /// The service keys the slot maps get: the element's own key, or for a NodePort one per
+    /// NodePort address.
+    svc_keys: Vec<Vec<Atom>>,
 }
 
-/// Rewrites `table` for the services with ClientIP affinity.
-pub(super) fn add(state: &ClusterState, settings: &Settings, family: IpFamily, table: &mut Table) {
+/// The slot maps' elements, by slot, and what the static objects must cover.
+#[derive(Default)]
+struct Slots {
+    endpoints: BTreeMap<usize, Elements>,
+    chains: BTreeMap<usize, Elements>,
+    /// `affinity-random-<k>` elements by `k`.
+    random: BTreeMap<usize, Elements>,
+    /// The slot range `n` each timeout's slot chains must cover.
+    ranges: BTreeMap<u32, usize>,
+    /// `(timeout, k)` of the dense pick chains in use, and of the NodePort ones.
+    dense: BTreeSet<(u32, usize)>,
+    nodeport_dense: BTreeSet<(u32, usize)>,
+    /// `(k, n)` of the sparse pick chains in use, and of the NodePort ones.
+    picks: BTreeSet<(usize, usize)>,
+    nodeport_picks: BTreeSet<(usize, usize)>,
+    /// Whether any sparse key uses slot `i`'s chains map.
+    sparse_slots: usize,
+}
+
+/// Rewrites `table` for the services with ClientIP affinity, keeping the slots `hints` gives.
+pub(super) fn add(
+    state: &ClusterState,
+    settings: &Settings,
+    family: IpFamily,
+    table: &mut Table,
+    hints: &Hints,
+) {
     let _ = family;
     let timeout_of = |origin: &Option<Arc<ServicePortName>>| {
         origin
@@ -108,11 +297,9 @@ pub(super) fn add(state: &ClusterState, settings: &Settings, family: IpFamily, t
         })
         .unwrap_or_default();
 
-    // Pass 1: redirect dispatch elements, remembering which endpoints to move.
-    let mut moves: Vec<(String, Vec<Atom>, Vec<Atom>)> = Vec::new();
-    let mut used: BTreeSet<(u32, usize)> = BTreeSet::new();
-    let mut nodeport_used: BTreeSet<(u32, usize)> = BTreeSet::new();
-    for s in table.sets.iter_mut() {
+    // Pass 1: find the dispatch elements of affinity service ports.
+    let mut jobs = Vec::new();
+    for (si, s) in table.sets.iter().enumerate() {
         // The maps whose elements send a service port to its cluster-wide `pick-<k>`: ClusterIPs
         // in `service-ips`, external and LB IPs in `external-picks`, NodePorts in
         // `nodeport-picks` (Local-policy local endpoints are not pinned).
@@ -120,7 +307,12 @@ pub(super) fn add(state: &ClusterState, settings: &Settings, family: IpFamily, t
         if s.name != names::SERVICE_IPS && s.name != names::EXTERNAL_PICKS && !nodeport {
             continue;
         }
-        for e in s.elements.iter_mut() {
+        // Without NodePort addresses (`--nodeport-addresses` matching every address) there is
+        // no address to key NodePort slots on: those NodePorts stay on `nodeport-pick-<k>`.
+        if nodeport && nodeport_addrs.is_empty() {
+            continue;
+        }
+        for (ei, e) in s.elements.iter().enumerate() {
             let Some(timeout) = timeout_of(&e.origin) else {
                 continue;
             };
@@ -128,147 +320,318 @@ pub(super) fn add(state: &ClusterState, settings: &Settings, family: IpFamily, t
             let Some(k) = pick_count(&e.data, prefix) else {
                 continue;
             };
-            let pinned = Pinned { timeout, k };
-            if nodeport {
-                e.data = goto(names::nodeport_affinity_pick_chain(
-                    pinned.timeout,
-                    pinned.k,
-                ));
-                nodeport_used.insert((pinned.timeout, pinned.k));
-                // NodePort traffic's destination is a NodePort address: one slot-map key per
-                // address.
-                for addr in &nodeport_addrs {
-                    let mut svc_key = vec![*addr];
-                    svc_key.extend_from_slice(&e.key);
-                    moves.push((names::nodeport_pick_map(k), e.key.clone(), svc_key));
-                }
+            let (from_map, svc_keys) = if nodeport {
+                // NodePort traffic's destination is a NodePort address: one key per address.
+                let keys = nodeport_addrs
+                    .iter()
+                    .map(|addr| {
+                        let mut key = vec![*addr];
+                        key.extend_from_slice(&e.key);
+                        key
+                    })
+                    .collect();
+                (names::nodeport_pick_map(k), keys)
             } else {
-                e.data = goto(names::affinity_pick_chain(pinned.timeout, pinned.k));
-                moves.push((names::pick_map(k), e.key.clone(), e.key.clone()));
-            }
-            used.insert((pinned.timeout, pinned.k));
+                (names::pick_map(k), vec![e.key.clone()])
+            };
+            jobs.push(Job {
+                set: si,
+                elem: ei,
+                nodeport,
+                timeout,
+                from_map,
+                from_key: e.key.clone(),
+                svc_keys,
+            });
         }
     }
 
-    // Pass 2: move endpoints from the pick maps to the slot maps, one pass over each map (a
-    // pass per service port would be quadratic at 10k services).
-    let mut slots: BTreeMap<usize, Elements> = BTreeMap::new();
-    let mut wanted: BTreeMap<String, BTreeMap<Vec<Atom>, Vec<Vec<Atom>>>> = BTreeMap::new();
-    for (map, from_key, svc_key) in moves {
+    // Pass 2: take the endpoints out of the pick maps, one pass over each map (a pass per
+    // service port would be quadratic at 10k services).
+    let mut wanted: BTreeMap<String, BTreeSet<Vec<Atom>>> = BTreeMap::new();
+    for job in &jobs {
         wanted
-            .entry(map)
+            .entry(job.from_map.clone())
             .or_default()
-            .entry(from_key)
-            .or_default()
-            .push(svc_key);
+            .insert(job.from_key.clone());
     }
+    let mut found: BTreeMap<(String, Vec<Atom>), Numbered> = BTreeMap::new();
     for (map, prefixes) in &wanted {
         for ep in take_endpoints(table, map, prefixes) {
-            let (Some(Atom::Int(slot)), Some(prefix)) = (ep.key.last(), ep.key.split_last()) else {
+            let Some((Atom::Int(dense), prefix)) = ep.key.split_last() else {
                 continue;
             };
-            let Some(svc_keys) = prefixes.get(prefix.1) else {
-                continue;
-            };
-            for svc_key in svc_keys {
-                slots.entry(*slot as usize).or_default().push(Element {
-                    key: svc_key.clone(),
-                    data: ep.data.clone(),
-                    comment: ep.comment.clone(),
-                    origin: ep.origin.clone(),
-                });
+            let (dense, prefix) = (*dense, prefix.to_vec());
+            found
+                .entry((map.clone(), prefix))
+                .or_default()
+                .push((dense, ep));
+        }
+    }
+
+    // Pass 3: slots per service key, the slot maps' elements, and the dispatch verdicts.
+    let mut slots = Slots::default();
+    let mut verdicts = Vec::new();
+    for job in jobs {
+        // Two dispatch elements may share endpoints (an external IP that repeats the
+        // ClusterIP): each gets its own copy.
+        let Some(mut eps) = found
+            .get(&(job.from_map.clone(), job.from_key.clone()))
+            .cloned()
+        else {
+            continue;
+        };
+        // Sorted endpoint order, as the pick map numbered them.
+        eps.sort_by_key(|(dense, _)| *dense);
+        let eps: Vec<(SocketAddr, Element)> = eps
+            .into_iter()
+            .filter_map(|(_, e)| match &e.data {
+                Some(ElemData::Value(v)) => match v.as_slice() {
+                    [Atom::Addr(a), Atom::Port(p)] => Some((SocketAddr::new(*a, *p), e)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        if eps.is_empty() {
+            continue;
+        }
+        let k = eps.len();
+        let keys: Vec<(&[Atom], Vec<usize>)> = job
+            .svc_keys
+            .iter()
+            .map(|key| {
+                let addrs: Vec<SocketAddr> = eps.iter().map(|(a, _)| *a).collect();
+                let previous = ServiceKey::from_atoms(key).and_then(|k| hints.slots(&k));
+                (key.as_slice(), assign_slots(&addrs, previous))
+            })
+            .collect();
+        // Every key of the element numbers its k endpoints 0..k exactly when the highest slot
+        // is k-1.
+        let n = keys
+            .iter()
+            .flat_map(|(_, slots)| slots.iter().map(|s| s + 1))
+            .max()
+            .unwrap_or(k);
+        let dense = n == k;
+        if !dense {
+            slots.sparse_slots = slots.sparse_slots.max(n);
+        }
+        for (key, assigned) in &keys {
+            slots.add_key(key, &eps, assigned, job.timeout, dense);
+        }
+        let chain = match (dense, job.nodeport) {
+            (true, false) => {
+                slots.dense.insert((job.timeout, k));
+                names::affinity_dense_pick_chain(job.timeout, k)
             }
+            (true, true) => {
+                slots.nodeport_dense.insert((job.timeout, k));
+                names::nodeport_affinity_dense_pick_chain(job.timeout, k)
+            }
+            (false, false) => {
+                slots.picks.insert((k, n));
+                names::affinity_pick_chain(k, n)
+            }
+            (false, true) => {
+                slots.nodeport_picks.insert((k, n));
+                names::nodeport_affinity_pick_chain(k, n)
+            }
+        };
+        verdicts.push((job.set, job.elem, chain));
+    }
+    for (set, elem, chain) in verdicts {
+        if let Some(e) = table
+            .sets
+            .get_mut(set)
+            .and_then(|s| s.elements.get_mut(elem))
+        {
+            e.data = goto(chain);
         }
     }
     drop_unused_picks(table);
+    slots.add_objects(settings, table);
+}
 
-    // Static objects: slot sets and maps up to the largest k, chains per timeout and k.
-    let max_k = used
-        .iter()
-        .chain(&nodeport_used)
-        .map(|(_, k)| *k)
-        .max()
-        .unwrap_or(0);
-    for i in 0..max_k {
-        let mut pins = set(
-            &names::affinity_slot_set(i),
-            &format!("client . service . protocol . port pinned to endpoint slot {i}"),
-            pin_key(),
-            None,
-            Vec::new(),
-        );
-        pins.kind = SetKind::Dynamic;
-        pins.typeof_ = true;
-        table.sets.push(pins);
-        table.sets.push(set(
-            &names::affinity_slot_map(i),
-            &format!("service . protocol . port to the endpoint in slot {i} (ClientIP affinity)"),
-            service_key(),
-            Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
-            slots.remove(&i).unwrap_or_default(),
-        ));
+impl Slots {
+    /// Adds the elements of one service key whose endpoints (sorted) are in slots `assigned`:
+    /// its endpoint in each slot, and when the slots are sparse, what the sparse pick chains
+    /// read (which slots are occupied, and the random index of each).
+    fn add_key(
+        &mut self,
+        svc_key: &[Atom],
+        eps: &[(SocketAddr, Element)],
+        assigned: &[usize],
+        timeout: u32,
+        dense: bool,
+    ) {
+        let mut by_slot: Vec<(usize, &Element)> = assigned
+            .iter()
+            .copied()
+            .zip(eps.iter().map(|(_, e)| e))
+            .collect();
+        by_slot.sort_by_key(|(slot, _)| *slot);
+        let k = by_slot.len();
+        for (index, (slot, ep)) in by_slot.iter().enumerate() {
+            let with = |key: Vec<Atom>, data: Option<ElemData>| Element {
+                key,
+                data,
+                comment: ep.comment.clone(),
+                origin: ep.origin.clone(),
+            };
+            self.endpoints
+                .entry(*slot)
+                .or_default()
+                .push(with(svc_key.to_vec(), ep.data.clone()));
+            if dense {
+                continue;
+            }
+            let to_slot = goto(names::affinity_slot_chain(timeout, *slot));
+            self.chains
+                .entry(*slot)
+                .or_default()
+                .push(with(svc_key.to_vec(), to_slot.clone()));
+            let mut random = svc_key.to_vec();
+            random.push(Atom::Int(u32::try_from(index).unwrap_or(u32::MAX)));
+            self.random
+                .entry(k)
+                .or_default()
+                .push(with(random, to_slot));
+        }
+        let n = by_slot.last().map_or(0, |(slot, _)| slot + 1);
+        let range = self.ranges.entry(timeout).or_default();
+        *range = (*range).max(n);
     }
-    let mut slot_chains: BTreeMap<u32, usize> = BTreeMap::new();
-    for &(timeout, k) in used.iter().chain(&nodeport_used) {
-        let n = slot_chains.entry(timeout).or_default();
-        *n = (*n).max(k);
-    }
-    for (&timeout, &n) in &slot_chains {
-        for i in 0..n {
-            table.chains.push(chain(
-                &names::affinity_slot_chain(timeout, i),
-                &format!("pin the client to endpoint slot {i} for {timeout}s, DNAT to it"),
+
+    /// The static sets, maps and chains the elements need.
+    fn add_objects(mut self, settings: &Settings, table: &mut Table) {
+        let slot_count = self.ranges.values().copied().max().unwrap_or(0);
+        for i in 0..slot_count {
+            let mut pins = set(
+                &names::affinity_slot_set(i),
+                &format!("client . service . protocol . port pinned to endpoint slot {i}"),
+                pin_key(),
                 None,
-                vec![
-                    // A separate rule: a full pin set must not stop the DNAT.
-                    vec![Stmt::UpdateSet {
-                        key: pin_key(),
-                        set: names::affinity_slot_set(i),
-                        timeout_secs: timeout,
-                    }],
-                    vec![Stmt::DnatMap {
-                        key: service_key(),
-                        map: names::affinity_slot_map(i),
-                    }],
-                ],
+                Vec::new(),
+            );
+            pins.kind = SetKind::Dynamic;
+            pins.typeof_ = true;
+            table.sets.push(pins);
+            table.sets.push(set(
+                &names::affinity_slot_map(i),
+                &format!(
+                    "service . protocol . port to the endpoint in slot {i} (ClientIP affinity)"
+                ),
+                service_key(),
+                Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
+                self.endpoints.remove(&i).unwrap_or_default(),
+            ));
+            if i >= self.sparse_slots {
+                continue;
+            }
+            table.sets.push(set(
+                &names::affinity_slot_chains_map(i),
+                &format!(
+                    "service . protocol . port with an endpoint in slot {i}: the slot chain for \
+                     its timeout"
+                ),
+                service_key(),
+                Some(SetData::Verdict),
+                self.chains.remove(&i).unwrap_or_default(),
             ));
         }
-    }
-    for &(timeout, k) in &used {
-        table.chains.push(chain(
-            &names::affinity_pick_chain(timeout, k),
-            &format!(
-                "ClientIP affinity, {k} endpoints: the client's pinned slot, else one at random"
-            ),
-            None,
-            pick_rules(timeout, k),
-        ));
-    }
-    for &(timeout, k) in &nodeport_used {
-        // External traffic to a Cluster-policy service is always masqueraded (as nodeport-pick).
-        table.chains.push(chain(
-            &names::nodeport_affinity_pick_chain(timeout, k),
-            &format!("masquerade NodePort traffic, then ClientIP affinity among {k} endpoints"),
-            None,
-            vec![vec![
-                Stmt::MarkOr(settings.mark),
-                Stmt::Verdict(Verdict::Goto(names::affinity_pick_chain(timeout, k))),
-            ]],
-        ));
-        if !used.contains(&(timeout, k)) {
+        for (k, elements) in std::mem::take(&mut self.random) {
+            // The comment shares nft's 256-byte set userdata with the `typeof` description.
+            let mut random = set(
+                &names::affinity_random_map(k),
+                "service . protocol . port . random index to a slot chain",
+                random_key(k),
+                Some(SetData::Verdict),
+                elements,
+            );
+            random.typeof_ = true;
+            table.sets.push(random);
+        }
+        for (&timeout, &n) in &self.ranges {
+            for i in 0..n {
+                table.chains.push(chain(
+                    &names::affinity_slot_chain(timeout, i),
+                    &format!("pin the client to endpoint slot {i} for {timeout}s, DNAT to it"),
+                    None,
+                    vec![
+                        // A separate rule: a full pin set must not stop the DNAT.
+                        vec![Stmt::UpdateSet {
+                            key: pin_key(),
+                            set: names::affinity_slot_set(i),
+                            timeout_secs: timeout,
+                        }],
+                        vec![Stmt::DnatMap {
+                            key: service_key(),
+                            map: names::affinity_slot_map(i),
+                        }],
+                    ],
+                ));
+            }
+        }
+        // Dense keys: the client's pinned slot, else a cascade of `numgen` over slots 0..k.
+        let dense: BTreeSet<(u32, usize)> =
+            self.dense.union(&self.nodeport_dense).copied().collect();
+        for &(timeout, k) in &dense {
             table.chains.push(chain(
-                &names::affinity_pick_chain(timeout, k),
+                &names::affinity_dense_pick_chain(timeout, k),
                 &format!(
                     "ClientIP affinity, {k} endpoints: the client's pinned slot, else one at random"
                 ),
                 None,
-                pick_rules(timeout, k),
+                dense_pick_rules(timeout, k),
+            ));
+        }
+        for &(timeout, k) in &self.nodeport_dense {
+            // External traffic to a Cluster-policy service is always masqueraded (as
+            // nodeport-pick).
+            table.chains.push(chain(
+                &names::nodeport_affinity_dense_pick_chain(timeout, k),
+                &format!("masquerade NodePort traffic, then ClientIP affinity among {k} endpoints"),
+                None,
+                vec![vec![
+                    Stmt::MarkOr(settings.mark),
+                    Stmt::Verdict(Verdict::Goto(names::affinity_dense_pick_chain(timeout, k))),
+                ]],
+            ));
+        }
+        // Sparse keys.
+        let sparse: BTreeSet<(usize, usize)> =
+            self.picks.union(&self.nodeport_picks).copied().collect();
+        for &(k, n) in &sparse {
+            table.chains.push(chain(
+                &names::affinity_pick_chain(k, n),
+                &format!(
+                    "ClientIP affinity, {k} endpoints in slots below {n}: the client's pinned \
+                     slot while occupied, else one at random"
+                ),
+                None,
+                pick_rules(k, n),
+            ));
+        }
+        for &(k, n) in &self.nodeport_picks {
+            table.chains.push(chain(
+                &names::nodeport_affinity_pick_chain(k, n),
+                &format!("masquerade NodePort traffic, then ClientIP affinity among {k} endpoints"),
+                None,
+                vec![vec![
+                    Stmt::MarkOr(settings.mark),
+                    Stmt::Verdict(Verdict::Goto(names::affinity_pick_chain(k, n))),
+                ]],
             ));
         }
     }
 }
 
-fn pick_rules(timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
+/// The pick rules of a dense key (slots 0..k, all occupied): the client's pinned slot, else
+/// slot `i` with a cascade of `numgen random mod (k-i)` rules, rule `i` reached with probability
+/// (k-i)/k and taken with 1/(k-i), so each slot gets 1/k. No per-service verdict map is looked
+/// up here; the kernel's chain validation stays as cheap as for a service without affinity.
+fn dense_pick_rules(timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
     let to_slot = |i: usize| Stmt::Verdict(Verdict::Goto(names::affinity_slot_chain(timeout, i)));
     let mut rules: Vec<Vec<Stmt>> = (0..k)
         .map(|i| {
@@ -281,7 +644,6 @@ fn pick_rules(timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
             ]
         })
         .collect();
-    // Rule i is reached with probability (k-i)/k and taken with 1/(k-i): each slot gets 1/k.
     for i in 0..k.saturating_sub(1) {
         let modulus = u32::try_from(k - i).unwrap_or(u32::MAX);
         rules.push(vec![Stmt::RandomIs { modulus, value: 0 }, to_slot(i)]);
@@ -289,6 +651,40 @@ fn pick_rules(timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
     if k > 0 {
         rules.push(vec![to_slot(k - 1)]);
     }
+    rules
+}
+
+/// For each slot below `n` in ascending order: follow the client's pin while the service has an
+/// endpoint in the slot, else delete the pin; then a uniform pick among the `k` endpoints.
+fn pick_rules(k: usize, n: usize) -> Vec<Vec<Stmt>> {
+    let pinned = |i: usize| Stmt::InSet {
+        key: pin_key(),
+        set: names::affinity_slot_set(i),
+    };
+    let mut rules = Vec::with_capacity(2 * n + 1);
+    for i in 0..n {
+        rules.push(vec![
+            pinned(i),
+            Stmt::Vmap {
+                key: service_key(),
+                map: names::affinity_slot_chains_map(i),
+            },
+        ]);
+        // Reached only when the slot is empty for this service: the pin is stale. Deleting it
+        // means the client, pinned anew below, holds exactly one live pin, so a later endpoint
+        // refilling this slot cannot take the client over.
+        rules.push(vec![
+            pinned(i),
+            Stmt::DeleteFromSet {
+                key: pin_key(),
+                set: names::affinity_slot_set(i),
+            },
+        ]);
+    }
+    rules.push(vec![Stmt::Vmap {
+        key: random_key(k),
+        map: names::affinity_random_map(k),
+    }]);
     rules
 }
 
@@ -332,3 +728,6 @@ fn table_set_empty(sets: &[crate::ruleset::Set], name: &str) -> bool {
         .find(|s| s.name == name)
         .is_none_or(|s| s.elements.is_empty())
 }
+
+#[cfg(test)]
+mod tests;
