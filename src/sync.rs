@@ -7,14 +7,22 @@
 //! its hash walk for every netlink message). The kernel is read back on the first sync, after any
 //! failure, and on periodic verification, which is how drift (someone flushing or editing our
 //! table) is found and repaired.
+//!
+//! `sync` builds from the whole state; `sync_changed` (in `incremental`) rebuilds only the
+//! Services that changed and patches what was applied, falling back to `sync` whenever it
+//! cannot prove the result equals a full build.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::model::{ClusterState, EndpointSlice, IpFamily, Service, ServiceName};
 use crate::nft::{self, Kernel, NftError, WireTable};
 use crate::ruleset::{self, Settings};
+
+mod incremental;
+
+pub use incremental::Incremental;
 
 /// How many times one sync rebuilds after quarantining: each round must quarantine at least one
 /// more Service, so this bounds the work when many Services fail at once.
@@ -70,6 +78,10 @@ pub struct Syncer<K: Kernel> {
     /// What the kernel holds, as far as we know, per family. Empty = unknown: read it back.
     applied: BTreeMap<IpFamily, Option<WireTable>>,
     quarantine: BTreeMap<ServiceName, Quarantined>,
+    /// What the last full sync was built from, and where each Service's elements are in
+    /// `applied`: what `sync_changed` needs. `None` until a full sync succeeds, and after any
+    /// failure.
+    baseline: Option<incremental::Baseline>,
 }
 
 impl<K: Kernel> Syncer<K> {
@@ -78,6 +90,7 @@ impl<K: Kernel> Syncer<K> {
             kernel,
             applied: BTreeMap::new(),
             quarantine: BTreeMap::new(),
+            baseline: None,
         }
     }
 
@@ -102,22 +115,23 @@ impl<K: Kernel> Syncer<K> {
         verify: bool,
     ) -> Result<SyncOutcome, NftError> {
         let started = Instant::now();
+        self.baseline = None;
         self.release_changed(state);
         let mut outcome = SyncOutcome::default();
         let mut rounds = 0;
         let mut verify = verify;
         let mut confirmed = false;
-        loop {
+        let contested = loop {
             let filtered;
             let effective = if self.quarantine.is_empty() {
                 state
             } else {
-                filtered = without(state, &self.quarantine);
+                filtered = without(state, |name| self.quarantine.contains_key(name));
                 &filtered
             };
-            let desired = ruleset::build(effective, settings);
+            let (desired, contested) = ruleset::build_noting_contested(effective, settings);
             match self.apply(desired, verify, &mut outcome) {
-                Ok(()) => break,
+                Ok(()) => break contested,
                 Err(NftError::Rejected { errors }) => {
                     // The transaction was rolled back, so what the kernel holds is the last
                     // applied state, but that state may itself be unknown now: read it again.
@@ -173,7 +187,9 @@ impl<K: Kernel> Syncer<K> {
                     return Err(other);
                 }
             }
-        }
+        };
+        self.baseline =
+            incremental::Baseline::new(&self.applied, settings, &state.nodes, contested);
         outcome.quarantined = self.quarantined();
         outcome.duration = started.elapsed();
         Ok(outcome)
@@ -239,15 +255,7 @@ impl<K: Kernel> Syncer<K> {
     /// Releases quarantined Services that changed since: they get another chance.
     fn release_changed(&mut self, state: &ClusterState) {
         self.quarantine.retain(|name, q| {
-            let service = state.services.get(name);
-            let slices: Vec<&EndpointSlice> = state
-                .slices
-                .values()
-                .filter(|s| &s.service == name)
-                .collect();
-            let unchanged = service == q.service.as_ref()
-                && slices.len() == q.slices.len()
-                && slices.iter().zip(&q.slices).all(|(a, b)| *a == b);
+            let unchanged = q.unchanged(name, state);
             if !unchanged {
                 tracing::info!("Service {name} changed: retrying it after quarantine");
             }
@@ -256,21 +264,35 @@ impl<K: Kernel> Syncer<K> {
     }
 }
 
-/// The state without the quarantined Services (and their slices). Only built while some Service
+impl Quarantined {
+    /// Whether Service `name` (and its slices) in `state` is still what was quarantined.
+    fn unchanged(&self, name: &ServiceName, state: &ClusterState) -> bool {
+        let service = state.services.get(name);
+        let slices: Vec<&EndpointSlice> = state
+            .slices
+            .values()
+            .filter(|s| &s.service == name)
+            .collect();
+        service == self.service.as_ref()
+            && slices.len() == self.slices.len()
+            && slices.iter().zip(&self.slices).all(|(a, b)| *a == b)
+    }
+}
+
+/// The state without the `excluded` Services (and their slices). Only built while some Service
 /// is quarantined, which is rare.
-fn without(state: &ClusterState, excluded: &BTreeMap<ServiceName, Quarantined>) -> ClusterState {
-    let names: BTreeSet<&ServiceName> = excluded.keys().collect();
+fn without(state: &ClusterState, excluded: impl Fn(&ServiceName) -> bool) -> ClusterState {
     ClusterState {
         services: state
             .services
             .iter()
-            .filter(|(name, _)| !names.contains(name))
+            .filter(|(name, _)| !excluded(name))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         slices: state
             .slices
             .iter()
-            .filter(|(_, s)| !names.contains(&s.service))
+            .filter(|(_, s)| !excluded(&s.service))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         nodes: state.nodes.clone(),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::model::{IpFamily, Protocol, ServicePortName};
 
-pub use build::{Settings, build, diagnostics};
+pub use build::{Contested, Settings, build, build_noting_contested, diagnostics};
 
 /// Everything nodeproxy programs: one table per IP family.
 #[derive(Debug, Clone, PartialEq, Eq)]
