@@ -78,9 +78,9 @@ pub struct Syncer<K: Kernel> {
     /// What the kernel holds, as far as we know, per family. Empty = unknown: read it back.
     applied: BTreeMap<IpFamily, Option<WireTable>>,
     quarantine: BTreeMap<ServiceName, Quarantined>,
-    /// What the last full sync was built from, and where each Service's elements are in
-    /// `applied`: what `sync_changed` needs. `None` until a full sync succeeds, and after any
-    /// failure.
+    /// What the last full sync was built from, and how `applied` uses its objects and which
+    /// origins each Service's elements carry: what `sync_changed` needs. `None` until a full
+    /// sync succeeds, and after any failure.
     baseline: Option<incremental::Baseline>,
 }
 
