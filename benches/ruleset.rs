@@ -1,12 +1,15 @@
 //! Benchmarks of the pure pipeline at 10k services × 10 endpoints: building the ruleset from the
 //! model, rendering nft text, lowering to the wire form, and diffing (no change / one endpoint
-//! changed). The kernel side is measured by `scripts/bench-kernel.sh`.
+//! changed); and one sync after one EndpointSlice changed, full (`Syncer::sync`) against
+//! incremental (`Syncer::sync_changed`). The kernel side is measured by
+//! `scripts/bench-kernel.sh`: here the kernel accepts every plan without doing anything.
 //!
-//! Run: `cargo bench --bench ruleset`.
+//! Run: `cargo bench --bench ruleset` (`-- "one endpoint changed/"` for the sync comparison).
 
 // A benchmark aborts on broken setup; there is nothing to recover.
-#![allow(clippy::expect_used)]
+#![allow(clippy::expect_used, clippy::panic)]
 
+use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -16,8 +19,9 @@ use nodeproxy::model::{
     ClusterState, Conditions, EndpointSlice, IpFamily, Node, Protocol, Service, ServiceName,
     ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
 };
-use nodeproxy::nft;
+use nodeproxy::nft::{self, ApplyStats, Kernel, NftError, Plan, WireTable};
 use nodeproxy::ruleset::{self, Settings};
+use nodeproxy::sync::{Incremental, Syncer};
 
 const SERVICES: u32 = 10_000;
 const ENDPOINTS: u32 = 10;
@@ -142,5 +146,73 @@ fn pipeline(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pipeline);
+/// A kernel that takes every plan and holds nothing: the syncer's own cost, without the fake
+/// kernel's copy of the whole table per transaction (which alone takes longer than an
+/// incremental sync).
+struct NullKernel;
+
+impl Kernel for NullKernel {
+    fn read_table(&mut self, _: IpFamily, _: &str) -> Result<Option<WireTable>, NftError> {
+        Ok(None)
+    }
+
+    fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError> {
+        Ok(ApplyStats {
+            messages: plan.phase1.len() + plan.phase2.len(),
+            ..ApplyStats::default()
+        })
+    }
+
+    fn delete_tables(&mut self, _: &str) -> Result<usize, NftError> {
+        Ok(0)
+    }
+
+    fn generation(&mut self) -> Result<u32, NftError> {
+        Ok(0)
+    }
+}
+
+/// One sync after the first endpoint of one service changed (back and forth, so that every
+/// iteration has a change to apply), full and incremental.
+fn sync(c: &mut Criterion) {
+    let states = [
+        cluster(SERVICES, ENDPOINTS, false),
+        cluster(SERVICES, ENDPOINTS, true),
+    ];
+    let settings = settings();
+    let changed: BTreeSet<ServiceName> = [name("ns0".into(), "svc0".into())].into();
+    let scoped = [states[0].subset(&changed), states[1].subset(&changed)];
+
+    let mut group = c.benchmark_group("10k services x 10 endpoints, one endpoint changed");
+    group.sample_size(10);
+    let mut full = Syncer::new(NullKernel);
+    full.sync(&states[0], &settings, false).expect("first sync");
+    let mut i = 0;
+    group.bench_function("full sync", |b| {
+        b.iter(|| {
+            i += 1;
+            full.sync(&states[i % 2], &settings, false).expect("sync")
+        })
+    });
+    drop(full);
+
+    let mut inc = Syncer::new(NullKernel);
+    inc.sync(&states[0], &settings, false).expect("first sync");
+    let mut i = 0;
+    group.bench_function("incremental sync", |b| {
+        b.iter(|| {
+            i += 1;
+            match inc
+                .sync_changed(&scoped[i % 2], &changed, &settings)
+                .expect("sync")
+            {
+                Incremental::Done(out) => out,
+                Incremental::NeedsFull(reason) => panic!("not incremental: {reason}"),
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, pipeline, sync);
 criterion_main!(benches);

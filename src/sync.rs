@@ -7,14 +7,22 @@
 //! its hash walk for every netlink message). The kernel is read back on the first sync, after any
 //! failure, and on periodic verification, which is how drift (someone flushing or editing our
 //! table) is found and repaired.
+//!
+//! `sync` builds from the whole state; `sync_changed` (in `incremental`) rebuilds only the
+//! Services that changed and patches what was applied, falling back to `sync` whenever it
+//! cannot prove the result equals a full build.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::model::{ClusterState, EndpointSlice, IpFamily, Service, ServiceName};
 use crate::nft::{self, Kernel, NftError, WireTable};
 use crate::ruleset::{self, Hints, Settings};
+
+mod incremental;
+
+pub use incremental::Incremental;
 
 /// How many times one sync rebuilds after quarantining: each round must quarantine at least one
 /// more Service, so this bounds the work when many Services fail at once.
@@ -64,14 +72,6 @@ impl fmt::Display for SyncOutcome {
     }
 }
 
-/// What [`Syncer::sync_changed`] did: synced the changed Services, or found that only a full
-/// sync can bring the kernel to the state.
-#[derive(Debug)]
-pub enum Incremental {
-    Done(SyncOutcome),
-    NeedsFull(&'static str),
-}
-
 /// Owns the kernel handle; only this type writes to the kernel.
 pub struct Syncer<K: Kernel> {
     kernel: K,
@@ -81,6 +81,10 @@ pub struct Syncer<K: Kernel> {
     /// against instead of reading them a second time.
     read_back: BTreeMap<IpFamily, Option<WireTable>>,
     quarantine: BTreeMap<ServiceName, Quarantined>,
+    /// What the last full sync was built from, and how `applied` uses its objects and which
+    /// origins each Service's elements carry: what `sync_changed` needs. `None` until a full
+    /// sync succeeds, and after any failure.
+    baseline: Option<incremental::Baseline>,
 }
 
 impl<K: Kernel> Syncer<K> {
@@ -90,6 +94,7 @@ impl<K: Kernel> Syncer<K> {
             applied: BTreeMap::new(),
             read_back: BTreeMap::new(),
             quarantine: BTreeMap::new(),
+            baseline: None,
         }
     }
 
@@ -114,23 +119,24 @@ impl<K: Kernel> Syncer<K> {
         verify: bool,
     ) -> Result<SyncOutcome, NftError> {
         let started = Instant::now();
+        self.baseline = None;
         self.release_changed(state);
         let mut outcome = SyncOutcome::default();
         let mut rounds = 0;
         let mut verify = verify;
         let mut confirmed = false;
         let hints = self.affinity_hints(verify, &mut outcome)?;
-        loop {
+        let contested = loop {
             let filtered;
             let effective = if self.quarantine.is_empty() {
                 state
             } else {
-                filtered = without(state, &self.quarantine);
+                filtered = without(state, |name| self.quarantine.contains_key(name));
                 &filtered
             };
-            let desired = ruleset::build_with(effective, settings, &hints);
+            let (desired, contested) = ruleset::build_noting_contested(effective, settings, &hints);
             match self.apply(desired, verify, &mut outcome) {
-                Ok(()) => break,
+                Ok(()) => break contested,
                 Err(NftError::Rejected { errors }) => {
                     // The transaction was rolled back, so what the kernel holds is the last
                     // applied state, but that state may itself be unknown now: read it again.
@@ -187,7 +193,9 @@ impl<K: Kernel> Syncer<K> {
                     return Err(other);
                 }
             }
-        }
+        };
+        self.baseline =
+            incremental::Baseline::new(&self.applied, settings, &state.nodes, contested);
         outcome.quarantined = self.quarantined();
         outcome.duration = started.elapsed();
         Ok(outcome)
@@ -250,21 +258,6 @@ impl<K: Kernel> Syncer<K> {
         Ok(())
     }
 
-    /// Brings the kernel to the ruleset with only the `changed` Services rebuilt, from `scoped`
-    /// (`ClusterState::subset` of the full state). TEMPORARY placeholder: always asks for a full
-    /// sync; the real implementation replaces it.
-    pub fn sync_changed(
-        &mut self,
-        scoped: &ClusterState,
-        changed: &BTreeSet<ServiceName>,
-        settings: &Settings,
-    ) -> Result<Incremental, NftError> {
-        let _ = (scoped, changed, settings);
-        Ok(Incremental::NeedsFull(
-            "incremental sync not implemented yet",
-        ))
-    }
-
     /// ClientIP-affinity slots as the kernel holds them, so that pinned clients keep their
     /// endpoints: from what was last applied, or from a read-back where that is unknown or
     /// `verify` asks for one (kept for `apply`, which would read the same).
@@ -296,15 +289,7 @@ impl<K: Kernel> Syncer<K> {
     /// Releases quarantined Services that changed since: they get another chance.
     fn release_changed(&mut self, state: &ClusterState) {
         self.quarantine.retain(|name, q| {
-            let service = state.services.get(name);
-            let slices: Vec<&EndpointSlice> = state
-                .slices
-                .values()
-                .filter(|s| &s.service == name)
-                .collect();
-            let unchanged = service == q.service.as_ref()
-                && slices.len() == q.slices.len()
-                && slices.iter().zip(&q.slices).all(|(a, b)| *a == b);
+            let unchanged = q.unchanged(name, state);
             if !unchanged {
                 tracing::info!("Service {name} changed: retrying it after quarantine");
             }
@@ -313,21 +298,35 @@ impl<K: Kernel> Syncer<K> {
     }
 }
 
-/// The state without the quarantined Services (and their slices). Only built while some Service
+impl Quarantined {
+    /// Whether Service `name` (and its slices) in `state` is still what was quarantined.
+    fn unchanged(&self, name: &ServiceName, state: &ClusterState) -> bool {
+        let service = state.services.get(name);
+        let slices: Vec<&EndpointSlice> = state
+            .slices
+            .values()
+            .filter(|s| &s.service == name)
+            .collect();
+        service == self.service.as_ref()
+            && slices.len() == self.slices.len()
+            && slices.iter().zip(&self.slices).all(|(a, b)| *a == b)
+    }
+}
+
+/// The state without the `excluded` Services (and their slices). Only built while some Service
 /// is quarantined, which is rare.
-fn without(state: &ClusterState, excluded: &BTreeMap<ServiceName, Quarantined>) -> ClusterState {
-    let names: BTreeSet<&ServiceName> = excluded.keys().collect();
+fn without(state: &ClusterState, excluded: impl Fn(&ServiceName) -> bool) -> ClusterState {
     ClusterState {
         services: state
             .services
             .iter()
-            .filter(|(name, _)| !names.contains(name))
+            .filter(|(name, _)| !excluded(name))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         slices: state
             .slices
             .iter()
-            .filter(|(_, s)| !names.contains(&s.service))
+            .filter(|(_, s)| !excluded(&s.service))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         nodes: state.nodes.clone(),

@@ -4,12 +4,17 @@
 
 mod common;
 
+use std::collections::BTreeSet;
+
 use common::netns::{in_netns, nft, nft_load};
 use common::sample;
 use nodeproxy::model::IpFamily;
 use nodeproxy::nft::wire::{TABLE_F_OWNED, TABLE_F_PERSIST};
-use nodeproxy::nft::{self, Kernel, NetlinkKernel, NftError, WireData, WireElem, diff, lower};
-use nodeproxy::ruleset::{Atom, ElemData, Ruleset};
+use nodeproxy::nft::{
+    self, FakeKernel, Kernel, NetlinkKernel, NftError, WireData, WireElem, diff, lower,
+};
+use nodeproxy::ruleset::{self, Atom, ElemData, Ruleset, Settings};
+use nodeproxy::sync::{Incremental, Syncer};
 
 /// `nft list table` of the sample tables, reviewed by hand (nft 1.0.6 formatting).
 const EXPECTED_IP: &str = include_str!("data/sample-ip.nft");
@@ -435,5 +440,82 @@ fn a_100k_element_table_loads_and_one_changed_element_is_one_delete_and_one_add(
         let rep2 = nft::sync(&mut k, rs2.clone()).unwrap();
         eprintln!("1 change: {rep2:?}");
         assert_eq!((rep2.elements_added, rep2.elements_removed), (1, 1));
+    });
+}
+
+/// The incremental sync against the kernel: golden fixtures (ranges in interval sets, affinity,
+/// dual stack, traffic policies), each Service deleted, put back and with an endpoint's
+/// readiness flipped; after each step our tables read back as the full build lowers them.
+#[test]
+fn incremental_syncs_leave_the_kernel_as_a_full_build_describes_it() {
+    in_netns(|| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden");
+        let mut incremental = 0;
+        for case in ["source-ranges", "affinity", "dualstack", "policies"] {
+            let path = dir.join(format!("{case}.yaml"));
+            let args = std::fs::read_to_string(dir.join(format!("{case}.args"))).unwrap();
+            let argv = ["nodeproxy".to_string()]
+                .into_iter()
+                .chain(args.split_whitespace().map(String::from))
+                .map(std::ffi::OsString::from);
+            let config = nodeproxy::config::load(argv, &|_| None).unwrap().config;
+            let settings = Settings::new(&config, config.node_name().unwrap());
+            let original = nodeproxy::source::file::load_files(std::slice::from_ref(&path))
+                .unwrap()
+                .state;
+            let mut k = NetlinkKernel::new().unwrap();
+            k.delete_tables("nodeproxy").unwrap();
+            let mut syncer = Syncer::new(k);
+            syncer.sync(&original, &settings, false).unwrap();
+            // What full syncs alone make of the same steps (affinity slots depend on the
+            // previous state, so a fresh build is not the reference).
+            let mut reference = Syncer::new(FakeKernel::new());
+            reference.sync(&original, &settings, false).unwrap();
+            for svc in original.services.keys() {
+                let changed = BTreeSet::from([svc.clone()]);
+                let mut deleted = original.clone();
+                deleted.services.remove(svc);
+                let mut flipped = original.clone();
+                if let Some(ep) = flipped
+                    .slices
+                    .values_mut()
+                    .find(|s| &s.service == svc)
+                    .and_then(|s| s.endpoints.first_mut())
+                {
+                    ep.conditions.ready = !ep.conditions.ready;
+                }
+                for st in [deleted, original.clone(), flipped, original.clone()] {
+                    match syncer
+                        .sync_changed(&st.subset(&changed), &changed, &settings)
+                        .unwrap()
+                    {
+                        Incremental::Done(_) => incremental += 1,
+                        Incremental::NeedsFull(reason) => {
+                            assert!(!reason.contains("rejected"), "{case} {svc}: {reason}");
+                            syncer.sync(&st, &settings, false).unwrap();
+                        }
+                    }
+                    reference.sync(&st, &settings, false).unwrap();
+                    for table in ruleset::build(&st, &settings).tables {
+                        let want = reference
+                            .kernel()
+                            .read_table(table.family, "nodeproxy")
+                            .unwrap()
+                            .expect("table exists");
+                        let got = syncer
+                            .kernel()
+                            .read_table(table.family, "nodeproxy")
+                            .unwrap()
+                            .expect("table exists");
+                        assert!(
+                            want == got,
+                            "{case}: {svc}: {:?} table differs from the full build",
+                            table.family
+                        );
+                    }
+                }
+            }
+        }
+        assert!(incremental >= 10, "only {incremental} incremental syncs");
     });
 }

@@ -355,6 +355,23 @@ pub fn diff<'a>(current: Option<&'a WireTable>, desired: &'a WireTable) -> Plan<
     for name in &stale_sets {
         let op = Op::DelSet { name };
         if old_set_refs.contains(*name) {
+            // Its elements' verdicts may hold chains deleted in phase 2 too: kernels before
+            // 6.2 count element references as of the start of the transaction, so a chain
+            // deleted with the map that jumps to it is EBUSY. Emptied now, the map holds
+            // nothing by then (only stale rules, flushed above, still look it up).
+            if let Some(old) = cur.sets.get(*name)
+                && !old.elements.is_empty()
+                && old
+                    .elements
+                    .values()
+                    .any(|e| e.data.as_ref().is_some_and(|d| d.chain().is_some()))
+            {
+                plan.phase1.push(Op::DelElems {
+                    set: name,
+                    def: old,
+                    elems: old.elements.iter().map(|(k, e)| (&k[..], e)).collect(),
+                });
+            }
             plan.phase2.push(op)
         } else {
             plan.phase1.push(op)

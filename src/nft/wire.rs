@@ -202,6 +202,15 @@ impl WireExpr {
         }
     }
 
+    /// The set this expression adds to from the packet path (`update @set`), if it is a dynset.
+    pub fn updated_set(&self) -> Option<String> {
+        if self.name == "dynset" {
+            self.attr(DYNSET_SET_NAME).map(super::msg::cstr)
+        } else {
+            None
+        }
+    }
+
     /// The chain this expression jumps or goes to, if it is such an immediate.
     pub fn chain_ref(&self) -> Option<String> {
         if self.name != "immediate" {

@@ -7,7 +7,8 @@
 //! applies without re-validating the chain graph; only a change of a Service's endpoint count
 //! moves its verdict element to another (tiny) `pick-<k>` chain.
 
-use std::collections::BTreeMap;
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -21,7 +22,8 @@ use super::{
 };
 use crate::config::{Config, DetectLocalMode, NodePortAddresses};
 use crate::model::{
-    ClusterState, Endpoint, IpFamily, Node, ServicePortName, TrafficPolicy, endpoints_for,
+    ClusterState, Endpoint, IpFamily, Node, ServiceName, ServicePortName, TrafficPolicy,
+    endpoints_for,
 };
 
 /// What `build` needs beyond the cluster state: the configuration with the node name resolved.
@@ -129,6 +131,32 @@ fn first_of(nets: &[IpNet], family: IpFamily) -> Option<IpNet> {
         .find(|net| IpFamily::of(&net.addr()) == family)
 }
 
+/// Services that claimed an element key that another Service claimed too, in some set of a
+/// build: only one element per key can exist, so which Service's element is kept depends on
+/// the other Services, not on the Service alone.
+pub type Contested = BTreeSet<ServiceName>;
+
+thread_local! {
+    /// Where `finish` notes contested keys while [`build_noting_contested`] runs on this thread.
+    /// A side channel so that every module's sets (which all go through `set`) are covered
+    /// without threading a collector through each of them.
+    static CONTESTED: Cell<Option<Contested>> = const { Cell::new(None) };
+}
+
+/// [`build`], also returning the Services involved in a contested key (the one that kept it and
+/// those whose element was dropped). The incremental sync rebuilds single Services, which is
+/// only sound for Services whose elements do not depend on the others.
+pub fn build_noting_contested(
+    state: &ClusterState,
+    settings: &Settings,
+    hints: &Hints,
+) -> (Ruleset, Contested) {
+    let outer = CONTESTED.replace(Some(Contested::new()));
+    let ruleset = build_with(state, settings, hints);
+    let contested = CONTESTED.replace(outer).unwrap_or_default();
+    (ruleset, contested)
+}
+
 /// Builds both tables, with ClientIP-affinity slots in sorted endpoint order.
 pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
     build_with(state, settings, &Hints::default())
@@ -188,10 +216,30 @@ fn insert(elements: &mut Elements, elem: Element) {
 
 /// Sorts by key and drops later duplicates: two Services claiming the same address and port (or
 /// NodePort) is an API-server invariant violation; the first one in name order keeps it (the
-/// sort is stable), so the result stays deterministic.
+/// sort is stable), so the result stays deterministic. Two Services sharing a local endpoint
+/// share its hairpin key the same way.
 fn finish(mut elements: Elements) -> Vec<Element> {
     elements.sort_by(|a, b| a.key.cmp(&b.key));
-    elements.dedup_by(|later, earlier| later.key == earlier.key);
+    let mut contested: Vec<ServiceName> = Vec::new();
+    elements.dedup_by(|later, earlier| {
+        let same = later.key == earlier.key;
+        if same {
+            let service = |e: &Element| e.origin.as_ref().map(|o| o.service.clone());
+            let (a, b) = (service(later), service(earlier));
+            if a != b {
+                contested.extend(a.into_iter().chain(b));
+            }
+        }
+        same
+    });
+    if !contested.is_empty() {
+        CONTESTED.with(|c| {
+            if let Some(mut noted) = c.take() {
+                noted.extend(contested);
+                c.set(Some(noted));
+            }
+        });
+    }
     // The vectors grew by doubling; at 10k services the pick maps' slack alone is megabytes.
     elements.shrink_to_fit();
     elements

@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use crate::model::{IpFamily, Protocol, ServicePortName};
 
-pub use build::{Hints, Settings, build, build_with, diagnostics};
+pub use build::{
+    Contested, Hints, Settings, build, build_noting_contested, build_with, diagnostics,
+};
 
 /// Everything nodeproxy programs: one table per IP family.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,5 @@
 //! Unit tests of the single writer against the in-memory kernel.
+use std::collections::BTreeSet;
 use std::io;
 
 use super::*;
@@ -7,6 +8,7 @@ use crate::model::{
     Conditions, Node, Protocol, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 use crate::nft::{ApplyStats, FakeKernel, Op, Plan, RejectedOp};
+use crate::sync::incremental;
 
 fn name(ns: &str, n: &str) -> ServiceName {
     ServiceName {
@@ -318,5 +320,868 @@ fn affinity_slots_are_kept_across_a_restart_from_what_the_kernel_holds() {
     assert_eq!(
         slot_map_of(restarted.kernel(), b),
         ["affinity-slot-1-endpoints"]
+    );
+}
+
+// ---- the incremental sync ----
+
+/// A tiny deterministic PRNG (xorshift64), so that a failing sequence can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// True with probability `num / den`.
+    fn chance(&mut self, num: usize, den: usize) -> bool {
+        self.below(den) < num
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+const SLOTS: usize = 24;
+
+fn slot_name(i: usize) -> ServiceName {
+    name(
+        if i.is_multiple_of(3) {
+            "team-a"
+        } else {
+            "team-b"
+        },
+        &format!("svc{i}"),
+    )
+}
+
+fn node_a() -> Node {
+    Node {
+        name: "node-a".into(),
+        internal_ips: vec![
+            "192.0.2.11".parse().unwrap(),
+            "2001:db8::11".parse().unwrap(),
+        ],
+        external_ips: vec!["192.0.2.21".parse().unwrap()],
+        pod_cidrs: vec![
+            "198.51.100.0/25".parse().unwrap(),
+            "2001:db8:a::/64".parse().unwrap(),
+        ],
+        zone: Some("zone-a".into()),
+        ..Node::default()
+    }
+}
+
+/// A random Service in slot `i`: mostly its own addresses and ports, sometimes ones shared with
+/// other slots (contested keys), with every feature the builder has.
+fn random_service(rng: &mut Rng, i: usize) -> Service {
+    let n = i as u16;
+    let mut cluster_ips: Vec<std::net::IpAddr> = Vec::new();
+    let v4 = !rng.chance(1, 8);
+    if v4 {
+        let host = if rng.chance(1, 25) { 250 } else { 1 + n };
+        cluster_ips.push(format!("203.0.113.{host}").parse().unwrap());
+    }
+    if !v4 || rng.chance(1, 4) {
+        cluster_ips.push(format!("2001:db8:5::{:x}", 1 + n).parse().unwrap());
+    }
+    let mut ports: Vec<ServicePort> = Vec::new();
+    for j in 0..1 + rng.below(3) {
+        let protocol = *rng.pick(&[Protocol::Tcp, Protocol::Tcp, Protocol::Udp, Protocol::Sctp]);
+        let port = *rng.pick(&[80u16, 443, 53, 8080]);
+        if ports
+            .iter()
+            .any(|p| p.protocol == protocol && p.port == port)
+        {
+            continue;
+        }
+        let node_port = rng.chance(1, 3).then(|| {
+            if rng.chance(1, 25) {
+                30999
+            } else {
+                30000 + n * 4 + j as u16
+            }
+        });
+        ports.push(ServicePort {
+            name: format!("p{j}"),
+            protocol,
+            port,
+            node_port,
+        });
+    }
+    let mut external_ips = Vec::new();
+    if rng.chance(1, 4) {
+        external_ips.push(format!("198.51.100.{}", 200 + n).parse().unwrap());
+        if rng.chance(1, 3) {
+            external_ips.push(format!("2001:db8:e0::{:x}", 1 + n).parse().unwrap());
+        }
+        if rng.chance(1, 20) {
+            external_ips.push("198.51.100.254".parse().unwrap());
+        }
+    }
+    let mut load_balancer_ips = Vec::new();
+    let mut load_balancer_source_ranges = Vec::new();
+    if rng.chance(1, 4) {
+        load_balancer_ips.push(format!("203.0.113.{}", 128 + n).parse().unwrap());
+        if rng.chance(1, 3) {
+            load_balancer_ips.push(format!("2001:db8:1b::{:x}", 1 + n).parse().unwrap());
+        }
+        if rng.chance(1, 2) {
+            for _ in 0..1 + rng.below(2) {
+                load_balancer_source_ranges.push(
+                    rng.pick(&[
+                        "192.0.2.0/24",
+                        "198.51.100.0/26",
+                        "198.51.100.32/27",
+                        "203.0.113.7/32",
+                        "2001:db8:c::/48",
+                    ])
+                    .parse()
+                    .unwrap(),
+                );
+            }
+        }
+    }
+    let policy = |rng: &mut Rng, den| {
+        if rng.chance(1, den) {
+            TrafficPolicy::Local
+        } else {
+            TrafficPolicy::Cluster
+        }
+    };
+    let external_traffic_policy = policy(rng, 3);
+    let internal_traffic_policy = policy(rng, 4);
+    let has_node_port = ports.iter().any(|p| p.node_port.is_some());
+    Service {
+        name: slot_name(i),
+        cluster_ips,
+        ports,
+        external_ips,
+        load_balancer_ips,
+        load_balancer_source_ranges,
+        external_traffic_policy,
+        internal_traffic_policy,
+        health_check_node_port: (external_traffic_policy == TrafficPolicy::Local && has_node_port)
+            .then_some(32000 + n),
+        session_affinity_timeout: rng.chance(1, 4).then(|| *rng.pick(&[10800u32, 60])),
+    }
+}
+
+fn random_endpoint(rng: &mut Rng, i: usize, family: IpFamily) -> SliceEndpoint {
+    let host = if rng.chance(1, 20) {
+        240 + rng.below(3)
+    } else {
+        i * 8 + rng.below(8)
+    };
+    let addr = match family {
+        IpFamily::V4 => format!("198.51.100.{}", host % 240 + 1),
+        IpFamily::V6 => format!("2001:db8:e::{:x}", host + 1),
+    };
+    let ready = rng.chance(3, 4);
+    let hinted = rng.chance(1, 4);
+    SliceEndpoint {
+        addr: addr.parse().unwrap(),
+        conditions: Conditions {
+            ready,
+            serving: ready || rng.chance(1, 2),
+            terminating: rng.chance(1, 4),
+        },
+        node_name: match rng.below(5) {
+            0 | 1 => Some("node-a".into()),
+            2 | 3 => Some("node-b".into()),
+            _ => None,
+        },
+        zone: Some(rng.pick(&["zone-a", "zone-b"]).to_string()),
+        zone_hints: if hinted {
+            vec![rng.pick(&["zone-a", "zone-b"]).to_string()]
+        } else {
+            vec![]
+        },
+        node_hints: if rng.chance(1, 8) {
+            vec![rng.pick(&["node-a", "node-b"]).to_string()]
+        } else {
+            vec![]
+        },
+    }
+}
+
+/// A random slice `k` of the Service in slot `i` (whose spec may be gone or different: slices
+/// and Services change independently).
+fn random_slice(rng: &mut Rng, i: usize, k: usize, service: Option<&Service>) -> EndpointSlice {
+    let family = if rng.chance(1, 4) {
+        IpFamily::V6
+    } else {
+        IpFamily::V4
+    };
+    let mut ports: Vec<SlicePort> = Vec::new();
+    for p in service.map(|s| s.ports.as_slice()).unwrap_or_default() {
+        if rng.chance(1, 10) {
+            continue;
+        }
+        ports.push(SlicePort {
+            name: p.name.clone(),
+            protocol: p.protocol,
+            port: *rng.pick(&[8080u16, 8080, 9090]),
+        });
+    }
+    if ports.is_empty() {
+        ports.push(SlicePort {
+            name: "p0".into(),
+            protocol: Protocol::Tcp,
+            port: 8080,
+        });
+    }
+    let count = *rng.pick(&[0usize, 1, 2, 2, 3, 3, 4, 5]);
+    let svc = slot_name(i);
+    EndpointSlice {
+        name: name(&svc.namespace, &format!("{}-{k}", svc.name)),
+        service: svc,
+        family,
+        ports,
+        endpoints: (0..count)
+            .map(|_| random_endpoint(rng, i, family))
+            .collect(),
+    }
+}
+
+/// Replaces the slices of slot `i` with 0 to 2 new random ones.
+fn reslice(rng: &mut Rng, st: &mut ClusterState, i: usize) {
+    let svc = slot_name(i);
+    st.slices.retain(|_, s| s.service != svc);
+    for k in 0..rng.below(3) {
+        let slice = random_slice(rng, i, k, st.services.get(&svc));
+        st.slices.insert(slice.name.clone(), slice);
+    }
+}
+
+/// One random change of `st`; returns the Services it touched.
+fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
+    let mut changed = BTreeSet::new();
+    let i = rng.below(SLOTS);
+    let svc = slot_name(i);
+    let exists = st.services.contains_key(&svc);
+    match rng.below(100) {
+        // Endpoints: one endpoint changes, is added or removed, or the slices are redone.
+        0..=39 => {
+            let slice = st.slices.values_mut().find(|s| s.service == svc);
+            match slice {
+                Some(slice) if rng.chance(3, 4) => {
+                    let family = slice.family;
+                    match rng.below(4) {
+                        0 => slice.endpoints.push(random_endpoint(rng, i, family)),
+                        1 if !slice.endpoints.is_empty() => {
+                            let e = rng.below(slice.endpoints.len());
+                            slice.endpoints.remove(e);
+                        }
+                        _ if !slice.endpoints.is_empty() => {
+                            let e = rng.below(slice.endpoints.len());
+                            let ep = &mut slice.endpoints[e];
+                            match rng.below(4) {
+                                0 => ep.conditions.ready = !ep.conditions.ready,
+                                1 => ep.conditions.terminating = !ep.conditions.terminating,
+                                2 => {
+                                    ep.node_name = match ep.node_name.as_deref() {
+                                        Some("node-a") => Some("node-b".into()),
+                                        _ => Some("node-a".into()),
+                                    }
+                                }
+                                _ => {
+                                    ep.zone_hints = if ep.zone_hints.is_empty() {
+                                        vec!["zone-a".into()]
+                                    } else {
+                                        vec![]
+                                    }
+                                }
+                            }
+                        }
+                        _ => slice.endpoints.push(random_endpoint(rng, i, family)),
+                    }
+                }
+                _ => reslice(rng, st, i),
+            }
+            changed.insert(svc);
+        }
+        // The Service's spec: a new random one, or one field flipped.
+        40..=64 => {
+            let mut service = random_service(rng, i);
+            if let Some(old) = st.services.get(&svc)
+                && rng.chance(1, 2)
+            {
+                let mut tweaked = old.clone();
+                match rng.below(6) {
+                    0 => {
+                        tweaked.session_affinity_timeout = match tweaked.session_affinity_timeout {
+                            Some(_) => None,
+                            None => Some(10800),
+                        }
+                    }
+                    1 => tweaked.external_traffic_policy = service.external_traffic_policy,
+                    2 => tweaked.internal_traffic_policy = service.internal_traffic_policy,
+                    3 => tweaked.external_ips = service.external_ips.clone(),
+                    4 => {
+                        tweaked.load_balancer_ips = service.load_balancer_ips.clone();
+                        tweaked.load_balancer_source_ranges =
+                            service.load_balancer_source_ranges.clone();
+                    }
+                    _ => {
+                        for p in &mut tweaked.ports {
+                            p.node_port = match p.node_port {
+                                Some(_) => None,
+                                None => Some(30000 + i as u16 * 4 + 3),
+                            };
+                        }
+                    }
+                }
+                service = tweaked;
+            }
+            let new_slices = !exists;
+            st.services.insert(svc.clone(), service);
+            if new_slices {
+                reslice(rng, st, i);
+            }
+            changed.insert(svc);
+        }
+        // Deletion of the Service, with or without its slices.
+        65..=76 => {
+            st.services.remove(&svc);
+            if rng.chance(2, 3) {
+                st.slices.retain(|_, s| s.service != svc);
+            }
+            changed.insert(svc);
+        }
+        // Several Services at once.
+        77..=94 => {
+            for _ in 0..2 + rng.below(3) {
+                changed.extend(mutate(rng, st));
+            }
+        }
+        // The Node: always the full path.
+        _ => {
+            let node = st.nodes.entry("node-a".into()).or_insert_with(node_a);
+            node.zone = match node.zone.as_deref() {
+                Some("zone-a") => Some("zone-b".into()),
+                _ => Some("zone-a".into()),
+            };
+        }
+    }
+    changed
+}
+
+fn random_state(rng: &mut Rng) -> ClusterState {
+    let mut st = ClusterState::default();
+    st.nodes.insert("node-a".into(), node_a());
+    for i in 0..SLOTS {
+        if rng.chance(2, 3) {
+            st.services.insert(slot_name(i), random_service(rng, i));
+            reslice(rng, &mut st, i);
+        }
+    }
+    st
+}
+
+/// The configurations the sequences run under: defaults, NodePorts on every address with
+/// masquerade-all, and NodePorts on a CIDR with an interface-prefix detector.
+fn configs() -> Vec<Settings> {
+    let base = Config {
+        cluster_cidr: vec!["198.51.100.0/24".parse().unwrap()],
+        service_cidr: vec!["203.0.113.0/25".parse().unwrap()],
+        ..Config::default()
+    };
+    let mut all = base.clone();
+    all.nodeport_addresses.all = true;
+    all.masquerade_all = true;
+    all.detect_local_mode = crate::config::DetectLocalMode::NodeCidr;
+    let mut cidrs = base.clone();
+    cidrs.nodeport_addresses.primary = false;
+    cidrs.nodeport_addresses.cidrs = vec!["192.0.2.0/24".parse().unwrap()];
+    cidrs.detect_local_mode = crate::config::DetectLocalMode::InterfaceNamePrefix;
+    cidrs.pod_interface_name_prefix = Some("veth".into());
+    [base, all, cidrs]
+        .iter()
+        .map(|c| Settings::new(c, "node-a".into()))
+        .collect()
+}
+
+/// Asserts that the incremental syncer's kernel, and its memory of it, equal those of a syncer
+/// that did a full sync of the same state, and that its counts and index equal those computed
+/// afresh.
+fn assert_same(inc: &mut Syncer<FakeKernel>, full: &mut Syncer<FakeKernel>, context: &str) {
+    assert!(
+        inc.kernel().tables == full.kernel().tables,
+        "{context}: the incremental kernel differs from the full one:\n{}",
+        table_differences(&inc.kernel().tables, &full.kernel().tables)
+    );
+    for family in IpFamily::ALL {
+        let (Some(Some(mine)), Some(Some(theirs))) =
+            (inc.applied.get(&family), full.applied.get(&family))
+        else {
+            panic!("{context}: {family} table unknown after a sync");
+        };
+        assert!(
+            mine == theirs,
+            "{context}: applied {family} differs from the kernel"
+        );
+        // Origins are not programmed, but the index is built from them.
+        for (name, set) in &mine.sets {
+            for (key, elem) in &set.elements {
+                assert_eq!(
+                    elem.origin,
+                    theirs.sets[name].elements[key].origin,
+                    "{context}: origin of {} in {name}",
+                    set.format_key(key)
+                );
+            }
+        }
+    }
+    if let Some(base) = &inc.baseline {
+        let fresh = incremental::Baseline::new(
+            &inc.applied,
+            &base_settings(base),
+            &base_nodes(base),
+            Default::default(),
+        )
+        .unwrap();
+        let diffs = base.differences(&fresh);
+        assert!(diffs.is_empty(), "{context}: {diffs:?}");
+    }
+}
+
+fn base_settings(base: &incremental::Baseline) -> Settings {
+    base.settings_for_tests().clone()
+}
+
+fn base_nodes(base: &incremental::Baseline) -> std::collections::BTreeMap<String, Node> {
+    base.nodes_for_tests().clone()
+}
+
+/// The first few elements and objects by which two kernels differ, for failure messages.
+fn table_differences(
+    a: &std::collections::BTreeMap<(IpFamily, String), WireTable>,
+    b: &std::collections::BTreeMap<(IpFamily, String), WireTable>,
+) -> String {
+    let mut out = Vec::new();
+    for (k, ta) in a {
+        let Some(tb) = b.get(k) else {
+            out.push(format!("{k:?} only in incremental"));
+            continue;
+        };
+        for (name, ca) in &ta.chains {
+            if tb.chains.get(name) != Some(ca) {
+                out.push(format!(
+                    "{k:?}: chain {name} differs or only in incremental"
+                ));
+            }
+        }
+        for name in tb.chains.keys().filter(|n| !ta.chains.contains_key(*n)) {
+            out.push(format!("{k:?}: chain {name} only in full"));
+        }
+        for (name, sa) in &ta.sets {
+            let Some(sb) = tb.sets.get(name) else {
+                out.push(format!("{k:?}: set {name} only in incremental"));
+                continue;
+            };
+            for (key, e) in &sa.elements {
+                if sb.elements.get(key) != Some(e) {
+                    out.push(format!(
+                        "{k:?}: {name}: {} {e:?} (incremental) vs {:?}",
+                        sa.format_key(key),
+                        sb.elements.get(key)
+                    ));
+                }
+            }
+            for key in sb.elements.keys().filter(|k| !sa.elements.contains_key(*k)) {
+                out.push(format!(
+                    "{k:?}: {name}: {} only in full",
+                    sb.format_key(key)
+                ));
+            }
+        }
+        for name in tb.sets.keys().filter(|n| !ta.sets.contains_key(*n)) {
+            out.push(format!("{k:?}: set {name} only in full"));
+        }
+    }
+    out.truncate(12);
+    out.join("\n")
+}
+
+#[test]
+fn incremental_syncs_equal_full_syncs_over_random_changes() {
+    let mut total_incremental = 0;
+    let mut total_steps = 0;
+    let mut reasons: std::collections::BTreeMap<&'static str, usize> = Default::default();
+    for (c, settings) in configs().iter().enumerate() {
+        for seed in 0..2u64 {
+            let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (seed * 7919 + c as u64 * 104_729 + 1));
+            let mut st = random_state(&mut rng);
+            let mut inc = Syncer::new(FakeKernel::new());
+            let mut full = Syncer::new(FakeKernel::new());
+            inc.sync(&st, settings, false).unwrap();
+            full.sync(&st, settings, false).unwrap();
+            assert_same(&mut inc, &mut full, "initial");
+            for step in 0..250 {
+                let changed = mutate(&mut rng, &mut st);
+                let scoped = st.subset(&changed);
+                let context = format!("config {c}, seed {seed}, step {step}, changed {changed:?}");
+                match inc.sync_changed(&scoped, &changed, settings).unwrap() {
+                    Incremental::Done(out) => {
+                        assert!(!out.full, "{context}");
+                        total_incremental += 1;
+                    }
+                    Incremental::NeedsFull(reason) => {
+                        // The fake kernel accepts whatever a correct delta holds: a rejection
+                        // means the delta referred to an object that is not there.
+                        assert!(!reason.contains("rejected"), "{context}: {reason}");
+                        *reasons.entry(reason).or_default() += 1;
+                        inc.sync(&st, settings, false).unwrap();
+                    }
+                }
+                full.sync(&st, settings, false).unwrap();
+                total_steps += 1;
+                assert_same(&mut inc, &mut full, &context);
+            }
+        }
+    }
+    eprintln!("{total_incremental} of {total_steps} steps incremental; full because: {reasons:?}");
+    // The fast path must actually run: most changes touch Services without contested keys
+    // and within existing endpoint counts.
+    assert!(
+        total_incremental * 2 >= total_steps,
+        "only {total_incremental} of {total_steps} steps were incremental: {reasons:?}"
+    );
+}
+
+fn one(n: &str) -> BTreeSet<ServiceName> {
+    BTreeSet::from([name("ns", n)])
+}
+
+/// Sets endpoint addresses of Service `n` (all on node-b, ready).
+fn set_endpoints(st: &mut ClusterState, n: &str, addrs: &[&str]) {
+    let slice = st.slices.get_mut(&name("ns", &format!("{n}-1"))).unwrap();
+    let template = slice.endpoints[0].clone();
+    slice.endpoints = addrs
+        .iter()
+        .map(|a| SliceEndpoint {
+            addr: a.parse().unwrap(),
+            ..template.clone()
+        })
+        .collect();
+}
+
+fn full_tables(st: &ClusterState, settings: &Settings) -> FakeKernel {
+    let mut full = Syncer::new(FakeKernel::new());
+    full.sync(st, settings, false).unwrap();
+    full.kernel().clone()
+}
+
+fn needs_full(r: Result<Incremental, NftError>) -> &'static str {
+    match r.unwrap() {
+        Incremental::NeedsFull(reason) => reason,
+        Incremental::Done(out) => panic!("expected the full path, got {out}"),
+    }
+}
+
+fn done(r: Result<Incremental, NftError>) -> SyncOutcome {
+    match r.unwrap() {
+        Incremental::Done(out) => out,
+        Incremental::NeedsFull(reason) => panic!("expected an incremental sync: {reason}"),
+    }
+}
+
+#[test]
+fn an_endpoint_change_is_applied_incrementally_without_reading_back() {
+    let mut st = state();
+    let mut syncer = Syncer::new(kernel(&[]));
+    syncer.sync(&st, &settings(), false).unwrap();
+    let reads = syncer.kernel().reads;
+    set_endpoints(&mut st, "good", &["198.51.100.11"]);
+    let out = done(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+    assert!(!out.full);
+    // The endpoint in `pick-1-endpoints` is replaced, its hairpin-free neighbours untouched.
+    assert_eq!(out.report.elements_added, 1);
+    assert_eq!(out.report.elements_removed, 1);
+    assert_eq!(syncer.kernel().reads, reads);
+    assert!(syncer.kernel().inner.tables == full_tables(&st, &settings()).tables);
+}
+
+#[test]
+fn a_deleted_service_is_removed_incrementally() {
+    let mut st = state();
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    st.services.remove(&name("ns", "good"));
+    st.slices.remove(&name("ns", "good-1"));
+    let out = done(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+    assert!(out.report.elements_removed > 0);
+    assert_eq!(out.report.elements_added, 0);
+    assert!(syncer.kernel().tables == full_tables(&st, &settings()).tables);
+}
+
+#[test]
+fn the_incremental_path_needs_a_full_sync_first() {
+    let st = state();
+    let mut syncer = Syncer::new(FakeKernel::new());
+    let reason =
+        needs_full(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+    assert!(reason.contains("no full sync"), "{reason}");
+    assert_eq!(syncer.kernel().transactions, 0);
+}
+
+#[test]
+fn changed_settings_or_nodes_need_a_full_sync() {
+    let mut st = state();
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    let transactions = syncer.kernel().transactions;
+    let mut other = settings();
+    other.masquerade_all = true;
+    let reason = needs_full(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &other));
+    assert!(reason.contains("settings"), "{reason}");
+    st.nodes.get_mut("node-a").unwrap().zone = Some("zone-b".into());
+    let reason =
+        needs_full(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+    assert!(reason.contains("Node"), "{reason}");
+    assert_eq!(syncer.kernel().transactions, transactions);
+}
+
+#[test]
+fn a_scoped_state_with_unchanged_services_is_refused() {
+    let st = state();
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    // The whole state, but only "good" named as changed.
+    let reason = needs_full(syncer.sync_changed(&st, &one("good"), &settings()));
+    assert!(reason.contains("not marked changed"), "{reason}");
+}
+
+#[test]
+fn services_sharing_a_key_take_the_full_path() {
+    let mut st = state();
+    // "twin" claims the ClusterIP of "good": only one element can hold it.
+    add_service(&mut st, "twin", "203.0.113.10", "198.51.100.30");
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    for n in ["good", "twin"] {
+        set_endpoints(&mut st, n, &["198.51.100.31"]);
+        let reason = needs_full(syncer.sync_changed(&st.subset(&one(n)), &one(n), &settings()));
+        assert!(reason.contains("depend on other"), "{n}: {reason}");
+    }
+    // The uninvolved one is still incremental.
+    set_endpoints(&mut st, "bad", &["198.51.100.32"]);
+    done(syncer.sync_changed(&st.subset(&one("bad")), &one("bad"), &settings()));
+}
+
+#[test]
+fn claiming_a_key_another_service_holds_takes_the_full_path() {
+    let mut st = state();
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    // "bad" moves to the ClusterIP of "good".
+    st.services.get_mut(&name("ns", "bad")).unwrap().cluster_ips =
+        vec!["203.0.113.10".parse().unwrap()];
+    let reason = needs_full(syncer.sync_changed(&st.subset(&one("bad")), &one("bad"), &settings()));
+    assert!(reason.contains("another one holds"), "{reason}");
+    // Two changed Services claiming one key between them: also the full path, so that the
+    // next full build records them.
+    let both: BTreeSet<ServiceName> = [name("ns", "good"), name("ns", "bad")].into();
+    let reason = needs_full(syncer.sync_changed(&st.subset(&both), &both, &settings()));
+    assert!(reason.contains("claim the same element key"), "{reason}");
+}
+
+#[test]
+fn a_new_endpoint_count_needs_its_objects_from_a_full_sync() {
+    let mut st = state();
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    let transactions = syncer.kernel().transactions;
+    // Two endpoints: `pick-2` does not exist yet.
+    set_endpoints(&mut st, "good", &["198.51.100.10", "198.51.100.11"]);
+    let reason =
+        needs_full(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+    assert!(reason.contains("not in the table"), "{reason}");
+    assert_eq!(syncer.kernel().transactions, transactions);
+}
+
+#[test]
+fn leaving_an_endpoint_count_unused_needs_a_full_sync() {
+    let mut st = state();
+    set_endpoints(&mut st, "good", &["198.51.100.10", "198.51.100.11"]);
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    // Back to one endpoint: `pick-2` would stay behind, empty, which a full build drops.
+    set_endpoints(&mut st, "good", &["198.51.100.12"]);
+    let reason =
+        needs_full(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+    assert!(reason.contains("left unused"), "{reason}");
+    syncer.sync(&st, &settings(), false).unwrap();
+    let tables = &syncer.kernel().tables;
+    assert!(
+        !tables[&(IpFamily::V4, "nodeproxy".into())]
+            .chains
+            .contains_key("pick-2")
+    );
+}
+
+#[test]
+fn a_rejected_incremental_sync_falls_back_to_the_full_path() {
+    let mut st = state();
+    let mut syncer = Syncer::new(kernel(&[]));
+    syncer.sync(&st, &settings(), false).unwrap();
+    syncer.kernel().poisoned = vec!["good".into()];
+    set_endpoints(&mut st, "good", &["198.51.100.11"]);
+    let reason =
+        needs_full(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+    assert!(reason.contains("rejected"), "{reason}");
+    // The kernel state is forgotten: the next incremental attempt declines, and the full sync
+    // reads the kernel back and quarantines the Service.
+    needs_full(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+    let out = syncer.sync(&st, &settings(), false).unwrap();
+    assert!(out.full);
+    assert_eq!(out.quarantined.len(), 1);
+    assert_eq!(out.quarantined[0].0, name("ns", "good"));
+}
+
+#[test]
+fn quarantine_holds_and_releases_services_on_the_incremental_path() {
+    let mut st = state();
+    let mut syncer = Syncer::new(kernel(&["bad"]));
+    syncer.sync(&st, &settings(), false).unwrap();
+    assert_eq!(syncer.quarantined().len(), 1);
+    // Named as changed but unchanged: stays out, nothing is sent.
+    let out = done(syncer.sync_changed(&st.subset(&one("bad")), &one("bad"), &settings()));
+    assert_eq!(out.quarantined.len(), 1);
+    assert_eq!(out.report.messages, 0);
+    assert_eq!(
+        cluster_ips(syncer.kernel()),
+        vec!["203.0.113.10".to_string()]
+    );
+    // Changed: released and built.
+    syncer.kernel().poisoned.clear();
+    set_endpoints(&mut st, "bad", &["198.51.100.21"]);
+    let out = done(syncer.sync_changed(&st.subset(&one("bad")), &one("bad"), &settings()));
+    assert!(out.quarantined.is_empty());
+    assert_eq!(cluster_ips(syncer.kernel()).len(), 2);
+    assert!(syncer.kernel().inner.tables == full_tables(&st, &settings()).tables);
+}
+
+#[test]
+fn an_affinity_nodeport_on_every_address_is_rebuilt_like_a_full_build() {
+    // With NodePorts on every address, an affinity Service's NodePort is balanced from
+    // `nodeport-pick-<k>-endpoints` (affinity has no NodePort address to key its slot maps
+    // by); deleting the Service must leave the kernel exactly as a full build would.
+    let config = Config {
+        nodeport_addresses: crate::config::NodePortAddresses {
+            primary: false,
+            all: true,
+            cidrs: vec![],
+        },
+        ..Config::default()
+    };
+    let settings = Settings::new(&config, "node-a".into());
+    let mut st = state();
+    let svc = st.services.get_mut(&name("ns", "good")).unwrap();
+    svc.session_affinity_timeout = Some(10800);
+    svc.ports[0].node_port = Some(30080);
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings, false).unwrap();
+    let key = (IpFamily::V4, "nodeproxy".to_string());
+    let table = &syncer.kernel().tables[&key];
+    assert!(!table.sets["nodeport-pick-1-endpoints"].elements.is_empty());
+    st.services.remove(&name("ns", "good"));
+    match syncer
+        .sync_changed(&st.subset(&one("good")), &one("good"), &settings)
+        .unwrap()
+    {
+        Incremental::Done(_) => {}
+        Incremental::NeedsFull(_) => {
+            syncer.sync(&st, &settings, false).unwrap();
+        }
+    }
+    assert!(syncer.kernel().tables == full_tables(&st, &settings).tables);
+}
+
+/// Each golden fixture under its own arguments: every Service deleted, put back, and with its
+/// first endpoint's readiness flipped, one at a time, incrementally where possible; after each
+/// step the kernel must equal a full sync's.
+#[test]
+fn incremental_syncs_equal_full_syncs_on_the_golden_fixtures() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden");
+    let mut fixtures = 0;
+    let mut incremental = 0;
+    let mut steps = 0;
+    let mut reasons: std::collections::BTreeMap<&'static str, usize> = Default::default();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let args = std::fs::read_to_string(path.with_extension("args")).unwrap();
+        let argv = ["nodeproxy".to_string()]
+            .into_iter()
+            .chain(args.split_whitespace().map(String::from))
+            .map(std::ffi::OsString::from);
+        let config = crate::config::load(argv, &|_| None).unwrap().config;
+        let settings = Settings::new(&config, config.node_name().unwrap());
+        let original = crate::source::file::load_files(std::slice::from_ref(&path))
+            .unwrap()
+            .state;
+        fixtures += 1;
+
+        let mut inc = Syncer::new(FakeKernel::new());
+        let mut full = Syncer::new(FakeKernel::new());
+        inc.sync(&original, &settings, false).unwrap();
+        let mut st = original.clone();
+        let names: Vec<ServiceName> = original.services.keys().cloned().collect();
+        for svc in &names {
+            let changed = BTreeSet::from([svc.clone()]);
+            let mut variants = Vec::new();
+            let mut deleted = st.clone();
+            deleted.services.remove(svc);
+            variants.push(("deleted", deleted));
+            variants.push(("restored", original.clone()));
+            let mut flipped = original.clone();
+            if let Some(slice) = flipped.slices.values_mut().find(|s| &s.service == svc)
+                && let Some(ep) = slice.endpoints.first_mut()
+            {
+                ep.conditions.ready = !ep.conditions.ready;
+                variants.push(("flipped", flipped));
+                variants.push(("restored", original.clone()));
+            }
+            for (what, next) in variants {
+                st = next;
+                let context = format!("{}: {svc} {what}", path.display());
+                match inc
+                    .sync_changed(&st.subset(&changed), &changed, &settings)
+                    .unwrap()
+                {
+                    Incremental::Done(_) => incremental += 1,
+                    Incremental::NeedsFull(reason) => {
+                        assert!(!reason.contains("rejected"), "{context}: {reason}");
+                        *reasons.entry(reason).or_default() += 1;
+                        inc.sync(&st, &settings, false).unwrap();
+                    }
+                }
+                full.sync(&st, &settings, false).unwrap();
+                steps += 1;
+                assert_same(&mut inc, &mut full, &context);
+            }
+        }
+    }
+    assert!(fixtures >= 8, "found only {fixtures} fixtures");
+    eprintln!("{incremental} of {steps} fixture steps incremental; full because: {reasons:?}");
+    // The fixtures are small: removing a Service often leaves its endpoint count's objects
+    // unused, and putting it back needs them again, which only a full sync does.
+    assert!(
+        incremental * 5 >= steps,
+        "{incremental} of {steps}: {reasons:?}"
     );
 }
