@@ -60,6 +60,12 @@ use derived::{Caches, Delta};
 /// the sync period.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 
+/// A periodic verification that finds the ruleset generation unchanged skips the read-back, but
+/// rebuilds every Service and compares with what was applied at least this often (kube-proxy's
+/// nftables mode forces a full sync hourly too): a last guard against a bug in the incremental
+/// bookkeeping, at a cost of a few hundred ms per hour at 10k Services.
+const FULL_REBUILD_PERIOD: Duration = Duration::from_secs(3600);
+
 /// How long a healthz or metrics server waits before binding its address again after a failure.
 const REBIND_DELAY: Duration = Duration::from_secs(5);
 
@@ -234,14 +240,19 @@ enum Work {
         scoped: ClusterState,
         changed: BTreeSet<ServiceName>,
     },
+    /// The periodic verification with nothing changed: repair whatever someone else changed.
+    /// The sync thread takes a snapshot only if the kernel's ruleset generation says someone
+    /// did (or a full rebuild is overdue).
+    Verify,
 }
 
 impl Work {
     /// The state the request carries: whole or scoped, it has the Nodes.
-    fn state(&self) -> &ClusterState {
+    fn state(&self) -> Option<&ClusterState> {
         match self {
-            Work::Full { state, .. } => state,
-            Work::Changed { scoped, .. } => scoped,
+            Work::Full { state, .. } => Some(state),
+            Work::Changed { scoped, .. } => Some(scoped),
+            Work::Verify => None,
         }
     }
 }
@@ -415,6 +426,8 @@ struct Schedule {
     pending: bool,
     /// The next sync reads the kernel back.
     verify: bool,
+    /// The sync under way is the periodic verification (nothing was pending).
+    periodic: bool,
     last_start: Option<Instant>,
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -429,6 +442,7 @@ impl Schedule {
             // instance's rules, which are reconciled, not flushed.
             pending: true,
             verify: true,
+            periodic: false,
             last_start: None,
             retry_at: None,
             backoff: Duration::ZERO,
@@ -456,8 +470,9 @@ impl Schedule {
 
     /// A sync starts now; returns whether it verifies.
     fn start(&mut self, now: Instant) -> bool {
-        if !self.pending {
-            // Nothing changed: this is the periodic verification.
+        // Nothing changed: this is the periodic verification.
+        self.periodic = !self.pending;
+        if self.periodic {
             self.verify = true;
         }
         self.last_start = Some(now);
@@ -522,7 +537,9 @@ async fn sync_loop(
         let mut changes = cluster.take_changes();
         changes.merge(std::mem::take(&mut carried));
         // A failed sync is retried verifying, so it always takes the full path too.
-        let work = if verify || changes.needs_full() {
+        let work = if verify && schedule.periodic && changes == Changes::default() {
+            Work::Verify
+        } else if verify || changes.needs_full() {
             Work::Full {
                 state: cluster.snapshot(),
                 verify,
@@ -534,7 +551,7 @@ async fn sync_loop(
                 changed,
             }
         };
-        if let Some(node) = work.state().nodes.get(&settings.node_name) {
+        if let Some(node) = work.state().and_then(|s| s.nodes.get(&settings.node_name)) {
             health.set_node(node.deleting, node.to_be_deleted);
         }
         let (reply, answer) = oneshot::channel();
@@ -668,6 +685,9 @@ struct Writer<K: Kernel> {
     /// on the next sync, since the stale entries would otherwise stay until the next change of
     /// a UDP Service's endpoints.
     conntrack_retry: BTreeSet<IpFamily>,
+    /// When every Service was last rebuilt: a verification that finds the kernel unchanged
+    /// still rebuilds everything after [`FULL_REBUILD_PERIOD`].
+    last_full_rebuild: Option<Instant>,
 }
 
 impl<K: Kernel> Writer<K> {
@@ -688,6 +708,7 @@ impl<K: Kernel> Writer<K> {
             health_checks: None,
             caches: Caches::default(),
             conntrack_retry: BTreeSet::new(),
+            last_full_rebuild: None,
         }
     }
 
@@ -702,6 +723,20 @@ impl<K: Kernel> Writer<K> {
     fn handle(&mut self, work: Work) -> Result<Synced, NftError> {
         let done = match work {
             Work::Full { state, verify } => self.sync_all(state, verify)?,
+            Work::Verify => {
+                let overdue = self
+                    .last_full_rebuild
+                    .is_none_or(|t| t.elapsed() >= FULL_REBUILD_PERIOD);
+                if overdue || !self.syncer.kernel_unchanged()? {
+                    self.sync_all((self.full_state)(), true)?
+                } else {
+                    tracing::debug!(
+                        "verified: no nftables transaction since ours, the kernel holds what \
+                         we applied"
+                    );
+                    return Ok(self.verified_unchanged());
+                }
+            }
             // The caches are only ever updated from a complete build; the loop starts with a
             // full sync, so this is only a safeguard.
             Work::Changed { .. } if !self.caches.is_built() => {
@@ -764,6 +799,7 @@ impl<K: Kernel> Writer<K> {
     /// Syncs every Service of `state` and rebuilds the caches from it.
     fn sync_all(&mut self, state: ClusterState, verify: bool) -> Result<Done, NftError> {
         let outcome = self.syncer.sync(&state, &self.settings, verify)?;
+        self.last_full_rebuild = Some(Instant::now());
         let delta = self.caches.rebuild(&state, &self.settings.node_name);
         Ok(Done {
             outcome,
@@ -772,6 +808,27 @@ impl<K: Kernel> Writer<K> {
             state,
             delta,
         })
+    }
+
+    /// The answer to a verification that found nothing to do: no Service rebuilt, nothing
+    /// derived changed; only a failed conntrack clean-up is retried.
+    fn verified_unchanged(&mut self) -> Synced {
+        let families = std::mem::take(&mut self.conntrack_retry);
+        let conntrack_deleted = self.reconcile_conntrack(&families);
+        Synced {
+            outcome: SyncOutcome::default(),
+            kind: SyncKind::Partial,
+            rebuilt: 0,
+            state: ClusterState::default(),
+            no_local: FAMILIES
+                .into_iter()
+                .map(|f| {
+                    let (i, e) = self.caches.no_local(f);
+                    (f, i, e)
+                })
+                .collect(),
+            conntrack_deleted,
+        }
     }
 
     /// Serves the health-check node ports on `addrs`. The wanted ports are passed to the servers

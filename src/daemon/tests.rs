@@ -33,6 +33,7 @@ fn first_sync_is_immediate_and_verifies() {
     let mut s = Schedule::new(cfg(), t0);
     assert_eq!(s.due(t0), t0);
     assert!(s.start(t0));
+    assert!(!s.periodic, "the first sync is not a mere verification");
 }
 
 #[test]
@@ -60,6 +61,7 @@ fn periodic_sync_verifies() {
     s.succeeded(t0);
     let at = s.due(t0);
     assert!(s.start(at));
+    assert!(s.periodic);
 }
 
 #[test]
@@ -79,6 +81,7 @@ fn failures_back_off_up_to_the_sync_period_and_verify() {
     assert_eq!(*delays.last().unwrap(), cfg().sync_period);
     assert_eq!(s.due(t0), t0 + cfg().sync_period);
     assert!(s.start(t0 + cfg().sync_period));
+    assert!(!s.periodic, "a retry is not a mere verification");
     s.succeeded(t0);
     s.changed();
     assert!(!s.start(t0 + cfg().sync_period));
@@ -929,4 +932,37 @@ fn a_changed_request_the_syncer_cannot_do_alone_is_synced_from_a_full_snapshot()
     assert_eq!(synced.no_local[0], (IpFamily::V4, 0, 0));
     assert_caches_match(&h.writer.caches, &st, "after the changed request");
     assert_eq!(h.writer.caches, built(&st));
+}
+
+#[test]
+fn a_verification_reads_the_kernel_back_only_when_someone_else_committed() {
+    let mut h = Harness::new(dns_and_web("10.0.0.1", "10.0.1.1"));
+    h.full(true).unwrap();
+    h.reconciled();
+    // Nobody committed since: nothing rebuilt, nothing read, health checks left alone.
+    let quiet = h.writer.handle(Work::Verify).unwrap();
+    assert_eq!(quiet.kind, SyncKind::Partial);
+    assert_eq!(quiet.rebuilt, 0);
+    assert!(!quiet.outcome.full);
+    assert_eq!(quiet.no_local[0], (IpFamily::V4, 1, 0));
+    assert!(h.reconciled().is_empty());
+    // Someone deletes our IPv4 table: the next verification rebuilds and repairs it.
+    let key = (IpFamily::V4, "nodeproxy".to_string());
+    let before = h.writer.syncer.kernel().inner.tables[&key].clone();
+    h.writer.syncer.kernel().inner.tables.remove(&key);
+    let repaired = h.writer.handle(Work::Verify).unwrap();
+    assert_eq!(repaired.kind, SyncKind::Full);
+    assert!(repaired.outcome.full, "read back");
+    assert_eq!(h.writer.syncer.kernel().inner.tables[&key], before);
+    // And it is quiet again afterwards.
+    let quiet = h.writer.handle(Work::Verify).unwrap();
+    assert_eq!(quiet.rebuilt, 0);
+    // A full rebuild is forced once it is overdue, even with nothing changed.
+    h.writer.last_full_rebuild = Some(Instant::now() - FULL_REBUILD_PERIOD);
+    let forced = h.writer.handle(Work::Verify).unwrap();
+    assert_eq!(forced.kind, SyncKind::Full);
+    assert_eq!(
+        forced.outcome.report.empty_plans, forced.outcome.report.tables,
+        "nothing to change"
+    );
 }

@@ -359,6 +359,7 @@ impl<K: Kernel> Syncer<K> {
             rep.chains_rewritten += plan.chains_rewritten();
             match self.kernel.apply(&plan) {
                 Ok(st) => {
+                    self.continue_generation_chain(st.generation);
                     rep.messages += st.messages;
                     rep.bytes += st.bytes;
                     rep.encode += st.encode;
@@ -369,6 +370,7 @@ impl<K: Kernel> Syncer<K> {
                     // memory: forget both, so that the full path reads the kernel back.
                     self.applied.clear();
                     self.baseline = None;
+                    self.trusted_generation = None;
                     return match e {
                         NftError::Rejected { errors } => {
                             tracing::debug!(

@@ -1185,3 +1185,52 @@ fn incremental_syncs_equal_full_syncs_on_the_golden_fixtures() {
         "{incremental} of {steps}: {reasons:?}"
     );
 }
+
+#[test]
+fn the_kernel_is_known_unchanged_exactly_while_only_we_commit() {
+    let mut st = state();
+    let mut syncer = Syncer::new(FakeKernel::new());
+    assert!(!syncer.kernel_unchanged().unwrap(), "nothing applied yet");
+    syncer.sync(&st, &settings(), false).unwrap();
+    assert!(syncer.kernel_unchanged().unwrap());
+    // Our own incremental transaction keeps it known.
+    add_service(&mut st, "later", "203.0.113.40", "198.51.100.40");
+    let out = syncer
+        .sync_changed(&st.subset(&one("later")), &one("later"), &settings())
+        .unwrap();
+    assert!(matches!(out, Incremental::Done(_)), "{out:?}");
+    assert!(syncer.kernel_unchanged().unwrap());
+    // So does a full one.
+    st.services.remove(&name("ns", "later"));
+    syncer.sync(&st, &settings(), false).unwrap();
+    assert!(syncer.kernel_unchanged().unwrap());
+    // Someone else changes our table: no longer known, until a verifying sync repairs it.
+    let key = (IpFamily::V4, "nodeproxy".to_string());
+    syncer.kernel().tables.get_mut(&key).unwrap().chains.clear();
+    assert!(!syncer.kernel_unchanged().unwrap());
+    assert!(!syncer.kernel_unchanged().unwrap(), "it stays unknown");
+    let repaired = syncer.sync(&st, &settings(), true).unwrap();
+    assert!(repaired.drift_repaired);
+    assert!(syncer.kernel_unchanged().unwrap());
+    // A sync that trusts memory while someone else committed does not make it known again.
+    let foreign = syncer.kernel().tables[&key]
+        .chains
+        .values()
+        .next()
+        .unwrap()
+        .clone();
+    syncer
+        .kernel()
+        .tables
+        .get_mut(&key)
+        .unwrap()
+        .chains
+        .insert("foreign".into(), foreign);
+    add_service(&mut st, "later", "203.0.113.40", "198.51.100.40");
+    let out = syncer.sync(&st, &settings(), false).unwrap();
+    assert!(!out.full, "trusted memory");
+    assert!(!syncer.kernel_unchanged().unwrap());
+    // The next verification reads back and removes the foreign chain.
+    assert!(syncer.sync(&st, &settings(), true).unwrap().drift_repaired);
+    assert!(syncer.kernel_unchanged().unwrap());
+}
