@@ -11,6 +11,13 @@ use nodeproxy::nft::{self, Kernel as _};
 use nodeproxy::ruleset::{self, Settings};
 use nodeproxy::source;
 
+/// jemalloc instead of glibc's malloc: it hands freed pages back to the OS (after the decay
+/// set in `.cargo/config.toml`), so the daemon's resident memory follows its live heap. With
+/// glibc the start-up sync's peak stayed resident: VmRSS 197 MiB under churn at 10k Services ×
+/// 10 endpoints, against 82 MiB with jemalloc (docs/performance.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Errors that are the operator's to fix in the input or configuration (exit 2), as opposed to
 /// runtime failures (exit 1).
 #[derive(Debug)]
