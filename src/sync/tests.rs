@@ -1075,9 +1075,9 @@ fn quarantine_holds_and_releases_services_on_the_incremental_path() {
 
 #[test]
 fn an_affinity_nodeport_on_every_address_is_rebuilt_like_a_full_build() {
-    // With NodePorts on every address, an affinity Service's NodePort is balanced from
-    // `nodeport-pick-<k>-endpoints` (affinity has no NodePort address to key its slot maps
-    // by); deleting the Service must leave the kernel exactly as a full build would.
+    // With NodePorts on every address, an affinity Service's NodePort is pinned through the
+    // NodePort slot maps (keyed `protocol . NodePort`, no address); deleting the Service must
+    // leave the kernel exactly as a full build would.
     let config = Config {
         nodeport_addresses: crate::config::NodePortAddresses {
             primary: false,
@@ -1095,7 +1095,15 @@ fn an_affinity_nodeport_on_every_address_is_rebuilt_like_a_full_build() {
     syncer.sync(&st, &settings, false).unwrap();
     let key = (IpFamily::V4, "nodeproxy".to_string());
     let table = &syncer.kernel().tables[&key];
-    assert!(!table.sets["nodeport-pick-1-endpoints"].elements.is_empty());
+    assert!(!table.sets.contains_key("nodeport-pick-1-endpoints"));
+    assert_eq!(
+        table.sets["nodeport-affinity-slot-0-endpoints"]
+            .elements
+            .keys()
+            .map(|k| table.sets["nodeport-affinity-slot-0-endpoints"].format_key(k))
+            .collect::<Vec<_>>(),
+        ["tcp . 30080"]
+    );
     st.services.remove(&name("ns", "good"));
     match syncer
         .sync_changed(&st.subset(&one("good")), &one("good"), &settings)
