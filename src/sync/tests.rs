@@ -234,12 +234,14 @@ fn a_rejection_of_every_service_in_turn_is_bounded() {
     assert_eq!(out.quarantined.len(), everyone.len());
 }
 
-/// `ns/sticky` (ClusterIP 203.0.113.30) with ClientIP affinity and one endpoint per address.
+/// `ns/sticky` (ClusterIP 203.0.113.30, NodePort 30090) with ClientIP affinity and one
+/// endpoint per address.
 fn add_sticky(state: &mut ClusterState, endpoints: &[&str]) {
     add_service(state, "sticky", "203.0.113.30", endpoints[0]);
     let svc = name("ns", "sticky");
     if let Some(s) = state.services.get_mut(&svc) {
         s.session_affinity_timeout = Some(10800);
+        s.ports[0].node_port = Some(30090);
     }
     if let Some(slice) = state.slices.get_mut(&name("ns", "sticky-1")) {
         let template = slice.endpoints[0].clone();
@@ -253,8 +255,24 @@ fn add_sticky(state: &mut ClusterState, endpoints: &[&str]) {
     }
 }
 
-/// The slot map holding `endpoint` (`addr . 8080`) for the ClusterIP of `ns/sticky`.
+/// The slot maps holding `endpoint` (`addr . 8080`) for the ClusterIP and for the NodePort of
+/// `ns/sticky`: they must agree.
 fn slot_map_of(k: &mut PoisonKernel, endpoint: &str) -> Vec<String> {
+    let cluster_ip = slot_maps_of(k, "affinity-slot-", "203.0.113.30 . tcp . 80", endpoint);
+    let node_port = slot_maps_of(k, "nodeport-affinity-slot-", "tcp . 30090", endpoint);
+    assert_eq!(
+        node_port,
+        cluster_ip
+            .iter()
+            .map(|m| format!("nodeport-{m}"))
+            .collect::<Vec<_>>(),
+        "the NodePort's slot of {endpoint}"
+    );
+    cluster_ip
+}
+
+/// The maps named `<prefix>…-endpoints` holding `endpoint` (`addr . 8080`) under `key`.
+fn slot_maps_of(k: &mut PoisonKernel, prefix: &str, key: &str, endpoint: &str) -> Vec<String> {
     let table = k
         .inner
         .read_table(IpFamily::V4, "nodeproxy")
@@ -263,10 +281,10 @@ fn slot_map_of(k: &mut PoisonKernel, endpoint: &str) -> Vec<String> {
     table
         .sets
         .iter()
-        .filter(|(name, _)| name.ends_with("-endpoints") && name.starts_with("affinity-slot-"))
+        .filter(|(name, _)| name.ends_with("-endpoints") && name.starts_with(prefix))
         .filter(|(_, set)| {
-            set.elements.iter().any(|(key, e)| {
-                set.format_key(key) == "203.0.113.30 . tcp . 80"
+            set.elements.iter().any(|(k, e)| {
+                set.format_key(k) == key
                     && matches!(&e.data, Some(crate::nft::WireData::Value(v))
                         if crate::nft::wire::format_concat(set.data_type.unwrap_or(0), v)
                             == format!("{endpoint} . 8080"))
