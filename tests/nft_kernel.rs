@@ -452,7 +452,13 @@ fn incremental_syncs_leave_the_kernel_as_a_full_build_describes_it() {
     in_netns(|| {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden");
         let mut incremental = 0;
-        for case in ["source-ranges", "affinity", "affinity-all", "dualstack", "policies"] {
+        for case in [
+            "source-ranges",
+            "affinity",
+            "affinity-all",
+            "dualstack",
+            "policies",
+        ] {
             let path = dir.join(format!("{case}.yaml"));
             let args = std::fs::read_to_string(dir.join(format!("{case}.args"))).unwrap();
             let argv = ["nodeproxy".to_string()]

@@ -917,12 +917,9 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                                 continue;
                             };
                             for &other in np_addrs.iter().filter(|&&o| o != addr) {
-                                let first = eval::evaluate(
-                                    &b.ruleset,
-                                    &b.node_addrs,
-                                    pkt(src, dst, kind),
-                                )
-                                .unwrap();
+                                let first =
+                                    eval::evaluate(&b.ruleset, &b.node_addrs, pkt(src, dst, kind))
+                                        .unwrap();
                                 for branch in &first.branches {
                                     let target = branch.dnat.as_ref().unwrap().target;
                                     let next = eval::evaluate_with(

@@ -444,10 +444,7 @@ fn with_every_address_answering_node_ports_a_client_is_pinned_whichever_address_
     // A goes: B keeps its slot through the kernel's form of the table, and the client its
     // endpoint; a client pinned to A is picked anew among B and C.
     let second = build_with(&state(&[B, C]), &all, &hints_of(&first));
-    assert_eq!(
-        slots_of(v4(&second), &np(30080)),
-        slots(&[(B, 1), (C, 2)])
-    );
+    assert_eq!(slots_of(v4(&second), &np(30080)), slots(&[(B, 1), (C, 2)]));
     assert_eq!(
         connect_on(&second, &node, "192.0.2.11:30080", &on_b).dnat_targets(),
         [sock(B)]
