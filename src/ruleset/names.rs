@@ -55,8 +55,10 @@ pub const FIREWALL_ALLOW: &str = "firewall-allow";
 
 // ClientIP session affinity (build/affinity.rs). Service-address traffic (ClusterIPs,
 // external and LoadBalancer IPs) is keyed by `address . protocol . port`; NodePort traffic, which
-// may arrive on any NodePort address, by `protocol . NodePort` alone, in objects of the same
-// names prefixed `nodeport-`.
+// may arrive on any NodePort address, by `protocol . NodePort` alone, in objects named
+// `affinity-nodeport-…`. (Versions that keyed NodePorts by node address had chains named
+// `nodeport-affinity-…`: new names let an upgrade drop those as stale objects, where reusing a
+// name with another comment would need the chain recreated while map elements reference it.)
 
 /// The dynamic set of `client . service address . protocol . port` pinned to slot `i`.
 pub fn affinity_slot_set(i: usize) -> String {
@@ -65,7 +67,7 @@ pub fn affinity_slot_set(i: usize) -> String {
 
 /// The dynamic set of `client . protocol . NodePort` pinned to slot `i`.
 pub fn nodeport_affinity_slot_set(i: usize) -> String {
-    format!("nodeport-affinity-slot-{i}")
+    format!("affinity-nodeport-slot-{i}")
 }
 
 /// The map `service address . protocol . port` → the endpoint in slot `i`, for services with
@@ -76,7 +78,7 @@ pub fn affinity_slot_map(i: usize) -> String {
 
 /// The map `protocol . NodePort` → the endpoint in slot `i`, for services with affinity.
 pub fn nodeport_affinity_slot_map(i: usize) -> String {
-    format!("nodeport-affinity-slot-{i}-endpoints")
+    format!("affinity-nodeport-slot-{i}-endpoints")
 }
 
 /// The slot `i` of a map named by [`affinity_slot_map`].
@@ -86,7 +88,7 @@ pub fn affinity_slot_of_map(name: &str) -> Option<usize> {
 
 /// The slot `i` of a map named by [`nodeport_affinity_slot_map`].
 pub fn nodeport_affinity_slot_of_map(name: &str) -> Option<usize> {
-    slot_of(name.strip_prefix("nodeport-affinity-slot-")?)
+    slot_of(name.strip_prefix("affinity-nodeport-slot-")?)
 }
 
 /// `i` of `<i>-endpoints`.
@@ -108,7 +110,7 @@ pub fn affinity_slot_chains_map(i: usize) -> String {
 
 /// Like [`affinity_slot_chains_map`], keyed by `protocol . NodePort`.
 pub fn nodeport_affinity_slot_chains_map(i: usize) -> String {
-    format!("nodeport-affinity-slot-{i}-chains")
+    format!("affinity-nodeport-slot-{i}-chains")
 }
 
 /// The chain that pins a client to slot `i` for `timeout` seconds and DNATs to that slot.
@@ -118,7 +120,7 @@ pub fn affinity_slot_chain(timeout: u32, i: usize) -> String {
 
 /// Like [`affinity_slot_chain`] for NodePort traffic.
 pub fn nodeport_affinity_slot_chain(timeout: u32, i: usize) -> String {
-    format!("nodeport-affinity-{timeout}s-slot-{i}")
+    format!("affinity-nodeport-{timeout}s-slot-{i}")
 }
 
 /// The chain for services whose `k` endpoints are in slots `0..k` (dense) and whose affinity
@@ -129,7 +131,7 @@ pub fn affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
 
 /// Like [`affinity_dense_pick_chain`] for NodePort traffic.
 pub fn nodeport_affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
-    format!("nodeport-affinity-{timeout}s-pick-{k}")
+    format!("affinity-nodeport-{timeout}s-pick-{k}")
 }
 
 /// The verdict map `service address . protocol . port . random index below k` → the slot chain
@@ -140,7 +142,7 @@ pub fn affinity_random_map(k: usize) -> String {
 
 /// Like [`affinity_random_map`], keyed by `protocol . NodePort . random index below k`.
 pub fn nodeport_affinity_random_map(k: usize) -> String {
-    format!("nodeport-affinity-random-{k}")
+    format!("affinity-nodeport-random-{k}")
 }
 
 /// The chain for services with `k` endpoints in slots below `n` (sparse, `n > k`): the client's
@@ -151,7 +153,7 @@ pub fn affinity_pick_chain(k: usize, n: usize) -> String {
 
 /// Like [`affinity_pick_chain`] for NodePort traffic.
 pub fn nodeport_affinity_pick_chain(k: usize, n: usize) -> String {
-    format!("nodeport-affinity-pick-{k}-in-{n}")
+    format!("affinity-nodeport-pick-{k}-in-{n}")
 }
 
 /// The chain that DNATs ClusterIP traffic to one of `k` endpoints.

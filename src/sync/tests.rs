@@ -259,12 +259,12 @@ fn add_sticky(state: &mut ClusterState, endpoints: &[&str]) {
 /// `ns/sticky`: they must agree.
 fn slot_map_of(k: &mut PoisonKernel, endpoint: &str) -> Vec<String> {
     let cluster_ip = slot_maps_of(k, "affinity-slot-", "203.0.113.30 . tcp . 80", endpoint);
-    let node_port = slot_maps_of(k, "nodeport-affinity-slot-", "tcp . 30090", endpoint);
+    let node_port = slot_maps_of(k, "affinity-nodeport-slot-", "tcp . 30090", endpoint);
     assert_eq!(
         node_port,
         cluster_ip
             .iter()
-            .map(|m| format!("nodeport-{m}"))
+            .map(|m| m.replacen("affinity-", "affinity-nodeport-", 1))
             .collect::<Vec<_>>(),
         "the NodePort's slot of {endpoint}"
     );
@@ -1115,10 +1115,10 @@ fn an_affinity_nodeport_on_every_address_is_rebuilt_like_a_full_build() {
     let table = &syncer.kernel().tables[&key];
     assert!(!table.sets.contains_key("nodeport-pick-1-endpoints"));
     assert_eq!(
-        table.sets["nodeport-affinity-slot-0-endpoints"]
+        table.sets["affinity-nodeport-slot-0-endpoints"]
             .elements
             .keys()
-            .map(|k| table.sets["nodeport-affinity-slot-0-endpoints"].format_key(k))
+            .map(|k| table.sets["affinity-nodeport-slot-0-endpoints"].format_key(k))
             .collect::<Vec<_>>(),
         ["tcp . 30080"]
     );

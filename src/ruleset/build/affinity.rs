@@ -14,8 +14,8 @@
 //! - `affinity-<T>s-slot-<i>` (per timeout `T` in use and slot): pin the client to slot `i` for
 //!   `T` seconds, then DNAT to the slot's endpoint.
 //!
-//! NodePorts have the same objects prefixed `nodeport-` (`nodeport-affinity-slot-<i>`, …),
-//! keyed without the destination address: `client . protocol . NodePort` pins and `protocol .
+//! NodePorts have the same objects named `affinity-nodeport-…` (`affinity-nodeport-slot-<i>`,
+//! …), keyed without the destination address: `client . protocol . NodePort` pins and `protocol .
 //! NodePort` slot maps. The destination must stay out of the key because a NodePort answers on
 //! every NodePort address, and with `--nodeport-addresses all` on every local address through
 //! `fib daddr type local`, so there may be no list of addresses to key elements on (keying on
@@ -28,7 +28,7 @@
 //!
 //! Slots are stable: an endpoint keeps its slot while it exists, and a new endpoint takes the
 //! lowest slot free for its service key. Where the previous slots come from: [`Hints`], decoded
-//! from the `affinity-slot-<i>-endpoints` and `nodeport-affinity-slot-<i>-endpoints` maps the
+//! from the `affinity-slot-<i>-endpoints` and `affinity-nodeport-slot-<i>-endpoints` maps the
 //! kernel holds (read back on start-up, so a restart keeps every assignment); without hints,
 //! slots are the positions in sorted order.
 //!
@@ -116,7 +116,7 @@ pub struct Hints {
 impl Hints {
     /// The assignments held by `tables` (our tables, read back from the kernel or as last
     /// applied): every element of every `affinity-slot-<i>-endpoints` and
-    /// `nodeport-affinity-slot-<i>-endpoints` map.
+    /// `affinity-nodeport-slot-<i>-endpoints` map.
     pub fn from_tables(tables: &[&WireTable]) -> Hints {
         Self::decode(tables, |_| true)
     }

@@ -233,7 +233,7 @@ fn slots_survive_the_kernel_form_when_endpoints_go_and_come() {
     );
     assert_eq!(
         verdict_of(v4(&second), names::NODEPORT_PICKS, &np(30080)),
-        "nodeport-affinity-pick-2-in-3"
+        "affinity-nodeport-pick-2-in-3"
     );
     // Without hints the same state is numbered densely, as before slots were kept.
     assert_eq!(
@@ -420,7 +420,7 @@ fn with_every_address_answering_node_ports_a_client_is_pinned_whichever_address_
     let first = build(&state(&[A, B, C]), &all);
     assert_eq!(
         verdict_of(v4(&first), names::NODEPORT_PICKS, &np(30080)),
-        "nodeport-affinity-10800s-pick-3"
+        "affinity-nodeport-10800s-pick-3"
     );
     // 192.0.2.99 is on an interface but not in the Node object: only `all` answers there.
     let node = [ip("192.0.2.11"), ip("192.0.2.99")];
