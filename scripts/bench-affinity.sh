@@ -5,16 +5,18 @@
 # load and for adding one affinity service, with and without the features; with them, also for
 # replacing the first endpoint of an affinity service (its slot is refilled at once) and for
 # removing the first endpoint of two affinity services (their slots get holes) and adding it back.
-# Usage: sudo scripts/bench-affinity.sh   (root: network namespaces; python3)
+# Usage: sudo scripts/bench-affinity.sh [nodeproxy args, e.g. --nodeport-addresses all]
+# (root: network namespaces; python3). Builds into $CARGO_TARGET_DIR when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin nodeproxy --example gen_cluster
-bin=target/release/nodeproxy
-gen=target/release/examples/gen_cluster
+target="${CARGO_TARGET_DIR:-target}"
+bin="$target/release/nodeproxy"
+gen="$target/release/examples/gen_cluster"
 work=$(mktemp -d)
 ns="npaff$$"
 trap 'ip netns del "$ns" 2>/dev/null || true; rm -rf "$work"' EXIT
-args=(--hostname-override node-a --cluster-cidr 10.128.0.0/9)
+args=(--hostname-override node-a --cluster-cidr 10.128.0.0/9 "$@")
 "$gen" 10000 5 >"$work/plain.json"
 "$gen" 10000 5 --add-service >"$work/plain-add.json"
 "$gen" 10000 5 --change-endpoint >"$work/plain-change.json"

@@ -17,7 +17,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::netns::{in_netns, nft, strip_ownership};
+use common::netns::{in_netns, nft, nft_load, strip_ownership};
 use nodeproxy::model::IpFamily;
 use nodeproxy::nft::NetlinkKernel;
 use nodeproxy::nft::owner::Ownership;
@@ -210,6 +210,25 @@ fn every_golden_programmed_through_netlink_lists_back_as_rendered() {
             "{case}: re-applying the same state must change nothing:\n{second}"
         );
     }
+}
+
+/// An upgrade: the `affinity` case as a version that keyed NodePort affinity slots by node
+/// address wrote it (`tests/data/affinity-nodeport-by-address.nft`, that version's golden, with
+/// `nodeport-affinity-…` chains that map elements reference) must converge to today's golden.
+#[test]
+fn affinity_with_nodeport_slots_keyed_by_node_address_converges_to_the_golden() {
+    let old = include_str!("data/affinity-nodeport-by-address.nft");
+    let (log, listing) = in_netns(move || {
+        nft_load(old);
+        assert!(listed().contains("chain nodeport-affinity-10800s-pick-3"));
+        let log = once("affinity");
+        (log, listed())
+    });
+    assert_eq!(
+        objects(&normalise(&listing)).join("\n"),
+        objects(&normalise(&golden("affinity"))).join("\n"),
+        "the upgraded table differs from the golden\n{log}"
+    );
 }
 
 #[test]

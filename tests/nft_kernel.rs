@@ -444,14 +444,21 @@ fn a_100k_element_table_loads_and_one_changed_element_is_one_delete_and_one_add(
 }
 
 /// The incremental sync against the kernel: golden fixtures (ranges in interval sets, affinity,
-/// dual stack, traffic policies), each Service deleted, put back and with an endpoint's
-/// readiness flipped; after each step our tables read back as the full build lowers them.
+/// NodePort affinity under `--nodeport-addresses all`, dual stack, traffic policies), each
+/// Service deleted, put back and with an endpoint's readiness flipped; after each step our
+/// tables read back as the full build lowers them.
 #[test]
 fn incremental_syncs_leave_the_kernel_as_a_full_build_describes_it() {
     in_netns(|| {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden");
         let mut incremental = 0;
-        for case in ["source-ranges", "affinity", "dualstack", "policies"] {
+        for case in [
+            "source-ranges",
+            "affinity",
+            "affinity-all",
+            "dualstack",
+            "policies",
+        ] {
             let path = dir.join(format!("{case}.yaml"));
             let args = std::fs::read_to_string(dir.join(format!("{case}.args"))).unwrap();
             let argv = ["nodeproxy".to_string()]

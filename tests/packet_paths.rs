@@ -550,8 +550,7 @@ enum Pin {
     /// Nothing is pinned (the Service has no affinity): no dynamic set is written.
     Nothing,
     /// Not asserted: a known difference from kube-proxy (docs/ruleset.md, "Session affinity"):
-    /// Local-policy endpoints of outside traffic, and NodePorts with `--nodeport-addresses`
-    /// matching every address, are balanced without affinity.
+    /// Local-policy endpoints of outside traffic are balanced without affinity.
     Unchecked,
 }
 
@@ -879,26 +878,67 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                         }
                     }
 
-                    // The NodePort on the node's primary address (§2.2), never filtered by
-                    // source ranges.
-                    let (Some(node_port), Some(node_ip)) = (port.node_port, node_ip) else {
+                    // The NodePort on each of the node's addresses that answer it (§2.2;
+                    // every one with `all`), never filtered by source ranges.
+                    let Some(node_port) = port.node_port else {
                         continue;
                     };
-                    if !b.settings.nodeport_addresses.selects(node_ip, true) {
-                        continue;
-                    }
-                    let pinned_here = !b.settings.nodeport_addresses.all_of(family);
-                    let dst = SocketAddr::new(node_ip, node_port);
-                    for &(kind, src) in &from {
-                        let want = external_want(kind, src, pinned_here);
-                        expect_path(
-                            &b,
-                            &format!("{what}: NodePort {dst} from {kind:?} {src}"),
-                            pkt(src, dst, kind),
-                            &want,
-                            &mut tally,
-                        );
-                        tally.count("nodeport");
+                    let np_addrs: Vec<IpAddr> = b
+                        .node_addrs
+                        .iter()
+                        .copied()
+                        .filter(|a| IpFamily::of(a) == family && !a.is_loopback())
+                        .filter(|a| {
+                            b.settings
+                                .nodeport_addresses
+                                .selects(*a, Some(*a) == node_ip)
+                        })
+                        .collect();
+                    for &addr in &np_addrs {
+                        let dst = SocketAddr::new(addr, node_port);
+                        for &(kind, src) in &from {
+                            let want = external_want(kind, src, true);
+                            expect_path(
+                                &b,
+                                &format!("{what}: NodePort {dst} from {kind:?} {src}"),
+                                pkt(src, dst, kind),
+                                &want,
+                                &mut tally,
+                            );
+                            tally.count("nodeport");
+                            if b.settings.nodeport_addresses.all_of(family) {
+                                tally.count("nodeport-all");
+                            }
+                            // A NodePort pin holds whichever node address the client uses next.
+                            let Want::Dnat {
+                                pin: Pin::Pinned, ..
+                            } = want
+                            else {
+                                continue;
+                            };
+                            for &other in np_addrs.iter().filter(|&&o| o != addr) {
+                                let first =
+                                    eval::evaluate(&b.ruleset, &b.node_addrs, pkt(src, dst, kind))
+                                        .unwrap();
+                                for branch in &first.branches {
+                                    let target = branch.dnat.as_ref().unwrap().target;
+                                    let next = eval::evaluate_with(
+                                        &b.ruleset,
+                                        &b.node_addrs,
+                                        pkt(src, SocketAddr::new(other, node_port), kind),
+                                        &branch.dynamic,
+                                    )
+                                    .unwrap();
+                                    assert_eq!(
+                                        next.dnat_targets(),
+                                        [target],
+                                        "{what}: NodePort pinned via {addr} from {kind:?} {src}, \
+                                         next connection via {other}"
+                                    );
+                                    tally.count("nodeport-pinned-across-addresses");
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -918,6 +958,8 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
         ("source-range-allowed", 8),
         ("allowed-as-lb-ip", 2),
         ("pinned", 50),
+        ("nodeport-all", 10),
+        ("nodeport-pinned-across-addresses", 10),
     ] {
         tally.at_least(kind, n);
     }

@@ -24,9 +24,14 @@ fn fixture(name: &str) -> String {
 
 /// Programs node-a once from `nodes.yaml` and `file`.
 fn program_node_a(lab: &Lab, file: &str) {
+    program_node_a_with(lab, file, &[]);
+}
+
+/// Like [`program_node_a`], with more nodeproxy arguments.
+fn program_node_a_with(lab: &Lab, file: &str, extra: &[&str]) {
     let nodes = fixture("nodes.yaml");
     let file = fixture(file);
-    let args = [
+    let mut args = vec![
         "timeout",
         "30",
         NODEPROXY,
@@ -40,9 +45,13 @@ fn program_node_a(lab: &Lab, file: &str) {
         "--from-file",
         &file,
     ];
+    args.extend_from_slice(extra);
     let out = lab.exec(Ns::NodeA, &args);
     assert!(out.status.success(), "nodeproxy failed: {}", describe(&out));
 }
+
+/// NodePorts on every local address, without a list of them to key anything on.
+const ALL_ADDRESSES: [&str; 2] = ["--nodeport-addresses", "all"];
 
 fn ruleset(lab: &Lab) -> String {
     format!("\n=== node-a ===\n{}", lab.ruleset(Ns::NodeA))
@@ -112,6 +121,42 @@ fn client_ip_affinity_pins_each_client_and_turning_it_off_spreads_again() {
     program_node_a(&lab, "affinity.yaml");
     let again = answers(&lab, Ns::Client, node_port, 30100, 10);
     assert_eq!(distinct(&again).len(), 1, "affinity on again: {again:?}");
+}
+
+/// With `--nodeport-addresses all` the NodePort answers on every address of node-a, here also
+/// on 192.0.2.51, which the Node object does not list; a client is pinned whichever of them it
+/// connects to, and the pin follows it from one address to the other.
+#[test]
+fn client_ip_affinity_pins_node_port_clients_on_every_address_with_nodeport_addresses_all() {
+    let lab = sticky_lab();
+    lab.add_lan_address(Ns::NodeA, "192.0.2.51/24");
+    program_node_a_with(&lab, "affinity.yaml", &ALL_ADDRESSES);
+    // 12 connections on one endpoint of 3 by chance: probability 3^-11.
+    let first = answers(&lab, Ns::Client, Ns::NodeA.addr(false), 30100, 12);
+    assert_eq!(
+        distinct(&first).len(),
+        1,
+        "client → primary address:NodePort: {first:?}{}",
+        ruleset(&lab)
+    );
+    let other = answers(&lab, Ns::Client, ip("192.0.2.51"), 30100, 6);
+    assert_eq!(
+        distinct(&other),
+        distinct(&first),
+        "client → unlisted address:NodePort, after the primary: {other:?}{}",
+        ruleset(&lab)
+    );
+    let second = answers(&lab, Ns::NodeB, ip("192.0.2.51"), 30100, 12);
+    assert_eq!(distinct(&second).len(), 1, "node-b → NodePort: {second:?}");
+
+    // Control: without affinity, the same NodePort spreads (all 20 on one endpoint: 3^-19).
+    program_node_a_with(&lab, "affinity-off.yaml", &ALL_ADDRESSES);
+    let spread = answers(&lab, Ns::Client, ip("192.0.2.51"), 30100, 20);
+    assert!(
+        distinct(&spread).len() >= 2,
+        "affinity off, still pinned: {spread:?}{}",
+        ruleset(&lab)
+    );
 }
 
 #[test]
@@ -207,6 +252,16 @@ fn pinned(lab: &Lab, clients: &[IpAddr], rounds: usize) -> Vec<String> {
 /// others arrives (pod-a1 on port 8081, server `d`): every client stays where it was.
 #[test]
 fn client_ip_affinity_keeps_each_client_on_its_endpoint_when_others_come_and_go() {
+    keeps_each_client_on_its_endpoint(&[]);
+}
+
+/// The same with `--nodeport-addresses all`, whose NodePort slots are kept in their own maps.
+#[test]
+fn client_ip_affinity_keeps_node_port_clients_on_their_endpoints_with_nodeport_addresses_all() {
+    keeps_each_client_on_its_endpoint(&ALL_ADDRESSES);
+}
+
+fn keeps_each_client_on_its_endpoint(extra: &[&str]) {
     let mut lab = sticky_lab();
     lab.spawn_server(Ns::PodA1, Proto::Tcp, 8081, "d");
     let clients: Vec<IpAddr> = (101..125)
@@ -215,7 +270,7 @@ fn client_ip_affinity_keeps_each_client_on_its_endpoint_when_others_come_and_go(
             ip(&format!("192.0.2.{i}"))
         })
         .collect();
-    program_node_a(&lab, "affinity.yaml");
+    program_node_a_with(&lab, "affinity.yaml", extra);
     let before = pinned(&lab, &clients, 2);
     // Every client on a2 is "a client pinned to B of {A, B, C}"; with 24 clients over three
     // endpoints, none on a2 has probability (2/3)^24 < 1e-4.
@@ -224,7 +279,7 @@ fn client_ip_affinity_keeps_each_client_on_its_endpoint_when_others_come_and_go(
         "no client was pinned to a2: {before:?}"
     );
 
-    program_node_a(&lab, "affinity-minus-first.yaml");
+    program_node_a_with(&lab, "affinity-minus-first.yaml", extra);
     let after_removal = pinned(&lab, &clients, 3);
     for ((src, was), now) in clients.iter().zip(&before).zip(&after_removal) {
         if was == "a1" {
@@ -239,7 +294,7 @@ fn client_ip_affinity_keeps_each_client_on_its_endpoint_when_others_come_and_go(
         }
     }
 
-    program_node_a(&lab, "affinity-plus-new.yaml");
+    program_node_a_with(&lab, "affinity-plus-new.yaml", extra);
     let after_addition = pinned(&lab, &clients, 3);
     for ((src, was), now) in clients.iter().zip(&after_removal).zip(&after_addition) {
         assert_eq!(

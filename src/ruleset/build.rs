@@ -172,7 +172,7 @@ pub fn build_with(state: &ClusterState, settings: &Settings, hints: &Hints) -> R
                 let mut table = build_table(state, settings, family);
                 // Source ranges and session affinity live in their own modules.
                 firewall::add(state, settings, family, &mut table);
-                affinity::add(state, settings, family, &mut table, hints);
+                affinity::add(state, &mut table, hints);
                 table
             })
             .collect(),

@@ -53,11 +53,21 @@ pub const FIREWALL_CHECK: &str = "firewall-check";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const FIREWALL_ALLOW: &str = "firewall-allow";
 
-// ClientIP session affinity (build/affinity.rs).
+// ClientIP session affinity (build/affinity.rs). Service-address traffic (ClusterIPs,
+// external and LoadBalancer IPs) is keyed by `address . protocol . port`; NodePort traffic, which
+// may arrive on any NodePort address, by `protocol . NodePort` alone, in objects named
+// `affinity-nodeport-…`. (Versions that keyed NodePorts by node address had chains named
+// `nodeport-affinity-…`: new names let an upgrade drop those as stale objects, where reusing a
+// name with another comment would need the chain recreated while map elements reference it.)
 
 /// The dynamic set of `client . service address . protocol . port` pinned to slot `i`.
 pub fn affinity_slot_set(i: usize) -> String {
     format!("affinity-slot-{i}")
+}
+
+/// The dynamic set of `client . protocol . NodePort` pinned to slot `i`.
+pub fn nodeport_affinity_slot_set(i: usize) -> String {
+    format!("affinity-nodeport-slot-{i}")
 }
 
 /// The map `service address . protocol . port` → the endpoint in slot `i`, for services with
@@ -66,11 +76,24 @@ pub fn affinity_slot_map(i: usize) -> String {
     format!("affinity-slot-{i}-endpoints")
 }
 
+/// The map `protocol . NodePort` → the endpoint in slot `i`, for services with affinity.
+pub fn nodeport_affinity_slot_map(i: usize) -> String {
+    format!("affinity-nodeport-slot-{i}-endpoints")
+}
+
 /// The slot `i` of a map named by [`affinity_slot_map`].
 pub fn affinity_slot_of_map(name: &str) -> Option<usize> {
-    let i = name
-        .strip_prefix("affinity-slot-")?
-        .strip_suffix("-endpoints")?;
+    slot_of(name.strip_prefix("affinity-slot-")?)
+}
+
+/// The slot `i` of a map named by [`nodeport_affinity_slot_map`].
+pub fn nodeport_affinity_slot_of_map(name: &str) -> Option<usize> {
+    slot_of(name.strip_prefix("affinity-nodeport-slot-")?)
+}
+
+/// `i` of `<i>-endpoints`.
+fn slot_of(rest: &str) -> Option<usize> {
+    let i = rest.strip_suffix("-endpoints")?;
     // Only the canonical spelling (no sign, no leading zeros), so that the name round-trips.
     if i.is_empty() || (i.len() > 1 && i.starts_with('0')) || !i.bytes().all(|b| b.is_ascii_digit())
     {
@@ -85,9 +108,19 @@ pub fn affinity_slot_chains_map(i: usize) -> String {
     format!("affinity-slot-{i}-chains")
 }
 
+/// Like [`affinity_slot_chains_map`], keyed by `protocol . NodePort`.
+pub fn nodeport_affinity_slot_chains_map(i: usize) -> String {
+    format!("affinity-nodeport-slot-{i}-chains")
+}
+
 /// The chain that pins a client to slot `i` for `timeout` seconds and DNATs to that slot.
 pub fn affinity_slot_chain(timeout: u32, i: usize) -> String {
     format!("affinity-{timeout}s-slot-{i}")
+}
+
+/// Like [`affinity_slot_chain`] for NodePort traffic.
+pub fn nodeport_affinity_slot_chain(timeout: u32, i: usize) -> String {
+    format!("affinity-nodeport-{timeout}s-slot-{i}")
 }
 
 /// The chain for services whose `k` endpoints are in slots `0..k` (dense) and whose affinity
@@ -96,9 +129,9 @@ pub fn affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
     format!("affinity-{timeout}s-pick-{k}")
 }
 
-/// Like [`affinity_dense_pick_chain`] for NodePort traffic, which is also marked for masquerade.
+/// Like [`affinity_dense_pick_chain`] for NodePort traffic.
 pub fn nodeport_affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
-    format!("nodeport-affinity-{timeout}s-pick-{k}")
+    format!("affinity-nodeport-{timeout}s-pick-{k}")
 }
 
 /// The verdict map `service address . protocol . port . random index below k` → the slot chain
@@ -107,15 +140,20 @@ pub fn affinity_random_map(k: usize) -> String {
     format!("affinity-random-{k}")
 }
 
+/// Like [`affinity_random_map`], keyed by `protocol . NodePort . random index below k`.
+pub fn nodeport_affinity_random_map(k: usize) -> String {
+    format!("affinity-nodeport-random-{k}")
+}
+
 /// The chain for services with `k` endpoints in slots below `n` (sparse, `n > k`): the client's
 /// pinned slot while occupied, or one of the `k` at random.
 pub fn affinity_pick_chain(k: usize, n: usize) -> String {
     format!("affinity-pick-{k}-in-{n}")
 }
 
-/// Like [`affinity_pick_chain`] for NodePort traffic, which is also marked for masquerade.
+/// Like [`affinity_pick_chain`] for NodePort traffic.
 pub fn nodeport_affinity_pick_chain(k: usize, n: usize) -> String {
-    format!("nodeport-affinity-pick-{k}-in-{n}")
+    format!("affinity-nodeport-pick-{k}-in-{n}")
 }
 
 /// The chain that DNATs ClusterIP traffic to one of `k` endpoints.

@@ -159,10 +159,9 @@ impl Baseline {
                 }
             }
             // An object that no verdict reaches exists because elements were left in its map
-            // (a `pick-<k>` map holding a contested Service's endpoints, or the NodePort
-            // endpoints of an affinity Service when no NodePort address is listed, which
-            // affinity does not move): whether it stays depends on those elements' Services,
-            // which therefore take the full path, like contested ones.
+            // (a `pick-<k>` map holding a contested Service's endpoints): whether it stays
+            // depends on those elements' Services, which therefore take the full path, like
+            // contested ones.
             let mut unreached: BTreeSet<&str> = BTreeSet::new();
             for (name, objects) in &reach {
                 let chain = Object::Chain(name.clone());

@@ -234,12 +234,14 @@ fn a_rejection_of_every_service_in_turn_is_bounded() {
     assert_eq!(out.quarantined.len(), everyone.len());
 }
 
-/// `ns/sticky` (ClusterIP 203.0.113.30) with ClientIP affinity and one endpoint per address.
+/// `ns/sticky` (ClusterIP 203.0.113.30, NodePort 30090) with ClientIP affinity and one
+/// endpoint per address.
 fn add_sticky(state: &mut ClusterState, endpoints: &[&str]) {
     add_service(state, "sticky", "203.0.113.30", endpoints[0]);
     let svc = name("ns", "sticky");
     if let Some(s) = state.services.get_mut(&svc) {
         s.session_affinity_timeout = Some(10800);
+        s.ports[0].node_port = Some(30090);
     }
     if let Some(slice) = state.slices.get_mut(&name("ns", "sticky-1")) {
         let template = slice.endpoints[0].clone();
@@ -253,8 +255,24 @@ fn add_sticky(state: &mut ClusterState, endpoints: &[&str]) {
     }
 }
 
-/// The slot map holding `endpoint` (`addr . 8080`) for the ClusterIP of `ns/sticky`.
+/// The slot maps holding `endpoint` (`addr . 8080`) for the ClusterIP and for the NodePort of
+/// `ns/sticky`: they must agree.
 fn slot_map_of(k: &mut PoisonKernel, endpoint: &str) -> Vec<String> {
+    let cluster_ip = slot_maps_of(k, "affinity-slot-", "203.0.113.30 . tcp . 80", endpoint);
+    let node_port = slot_maps_of(k, "affinity-nodeport-slot-", "tcp . 30090", endpoint);
+    assert_eq!(
+        node_port,
+        cluster_ip
+            .iter()
+            .map(|m| m.replacen("affinity-", "affinity-nodeport-", 1))
+            .collect::<Vec<_>>(),
+        "the NodePort's slot of {endpoint}"
+    );
+    cluster_ip
+}
+
+/// The maps named `<prefix>…-endpoints` holding `endpoint` (`addr . 8080`) under `key`.
+fn slot_maps_of(k: &mut PoisonKernel, prefix: &str, key: &str, endpoint: &str) -> Vec<String> {
     let table = k
         .inner
         .read_table(IpFamily::V4, "nodeproxy")
@@ -263,10 +281,10 @@ fn slot_map_of(k: &mut PoisonKernel, endpoint: &str) -> Vec<String> {
     table
         .sets
         .iter()
-        .filter(|(name, _)| name.ends_with("-endpoints") && name.starts_with("affinity-slot-"))
+        .filter(|(name, _)| name.ends_with("-endpoints") && name.starts_with(prefix))
         .filter(|(_, set)| {
-            set.elements.iter().any(|(key, e)| {
-                set.format_key(key) == "203.0.113.30 . tcp . 80"
+            set.elements.iter().any(|(k, e)| {
+                set.format_key(k) == key
                     && matches!(&e.data, Some(crate::nft::WireData::Value(v))
                         if crate::nft::wire::format_concat(set.data_type.unwrap_or(0), v)
                             == format!("{endpoint} . 8080"))
@@ -1075,9 +1093,9 @@ fn quarantine_holds_and_releases_services_on_the_incremental_path() {
 
 #[test]
 fn an_affinity_nodeport_on_every_address_is_rebuilt_like_a_full_build() {
-    // With NodePorts on every address, an affinity Service's NodePort is balanced from
-    // `nodeport-pick-<k>-endpoints` (affinity has no NodePort address to key its slot maps
-    // by); deleting the Service must leave the kernel exactly as a full build would.
+    // With NodePorts on every address, an affinity Service's NodePort is pinned through the
+    // NodePort slot maps (keyed `protocol . NodePort`, no address); deleting the Service must
+    // leave the kernel exactly as a full build would.
     let config = Config {
         nodeport_addresses: crate::config::NodePortAddresses {
             primary: false,
@@ -1095,7 +1113,15 @@ fn an_affinity_nodeport_on_every_address_is_rebuilt_like_a_full_build() {
     syncer.sync(&st, &settings, false).unwrap();
     let key = (IpFamily::V4, "nodeproxy".to_string());
     let table = &syncer.kernel().tables[&key];
-    assert!(!table.sets["nodeport-pick-1-endpoints"].elements.is_empty());
+    assert!(!table.sets.contains_key("nodeport-pick-1-endpoints"));
+    assert_eq!(
+        table.sets["affinity-nodeport-slot-0-endpoints"]
+            .elements
+            .keys()
+            .map(|k| table.sets["affinity-nodeport-slot-0-endpoints"].format_key(k))
+            .collect::<Vec<_>>(),
+        ["tcp . 30080"]
+    );
     st.services.remove(&name("ns", "good"));
     match syncer
         .sync_changed(&st.subset(&one("good")), &one("good"), &settings)

@@ -3,7 +3,9 @@
 //! affinity timeout ago (refreshed by each new connection) and that endpoint still exists.
 //!
 //! kube-proxy keeps one dynamic set and one chain per endpoint. Here nothing is per service:
-//! each endpoint of a service key (`service address . protocol . port`) holds a *slot*, and
+//! each endpoint of a service key holds a *slot*. A service key is `service address . protocol
+//! . port` for traffic to a ClusterIP, external IP or LoadBalancer IP, and `protocol . NodePort`
+//! for NodePort traffic (the *paths*; see below why NodePorts have their own), and
 //!
 //! - `affinity-slot-<i>` (dynamic, timeout) holds `client . service address . protocol . port`
 //!   for clients pinned to slot `i`; the packet path writes it (`update`, `delete`), nodeproxy
@@ -12,10 +14,23 @@
 //! - `affinity-<T>s-slot-<i>` (per timeout `T` in use and slot): pin the client to slot `i` for
 //!   `T` seconds, then DNAT to the slot's endpoint.
 //!
+//! NodePorts have the same objects named `affinity-nodeport-…` (`affinity-nodeport-slot-<i>`,
+//! …), keyed without the destination address: `client . protocol . NodePort` pins and `protocol .
+//! NodePort` slot maps. The destination must stay out of the key because a NodePort answers on
+//! every NodePort address, and with `--nodeport-addresses all` on every local address through
+//! `fib daddr type local`, so there may be no list of addresses to key elements on (keying on
+//! the node's addresses left NodePorts unpinned under `all`). This layout is used for every
+//! NodePort, not only under `all`: one layout whatever the flag, one slot element per endpoint
+//! instead of one per endpoint and NodePort address, and a client's pin holds whichever node
+//! address it connects to, as kube-proxy's does. What it costs is a second set of static slot
+//! objects (chains per timeout and slot, sets and maps per slot), a constant; measured in
+//! docs/ruleset.md ("Session affinity").
+//!
 //! Slots are stable: an endpoint keeps its slot while it exists, and a new endpoint takes the
 //! lowest slot free for its service key. Where the previous slots come from: [`Hints`], decoded
-//! from the `affinity-slot-<i>-endpoints` maps the kernel holds (read back on start-up, so a
-//! restart keeps every assignment); without hints, slots are the positions in sorted order.
+//! from the `affinity-slot-<i>-endpoints` and `affinity-nodeport-slot-<i>-endpoints` maps the
+//! kernel holds (read back on start-up, so a restart keeps every assignment); without hints,
+//! slots are the positions in sorted order.
 //!
 //! A key whose `k` endpoints are in slots `0..k` (dense: always so without hints, and again once
 //! new endpoints have refilled the holes) goes to `affinity-<T>s-pick-<k>`: the client's pinned
@@ -30,8 +45,9 @@
 //!   key's `k` endpoints: a uniform pick among the endpoints present, whatever their slots.
 //!
 //! For each slot below `n`, in ascending order, the sparse chain follows the client's pin if the
-//! slot is occupied, else deletes the stale pin; then it picks at random. NodePorts go through
-//! `nodeport-affinity-…` variants that mark for masquerade first.
+//! slot is occupied, else deletes the stale pin; then it picks at random. The NodePort pick
+//! chains mark nothing: as for `nodeport-pick-<k>`, masquerading is the traffic policy chain's
+//! decision (`nodeport-cluster` marks everyone, `nodeport-local` not pods).
 //!
 //! Stale pins: when an endpoint goes, its clients' pins stay in its slot set until they expire.
 //! A client that connects while the slot is empty is pinned anew (by the sparse chain, which
@@ -48,26 +64,26 @@
 //! goes to the affinity chains instead, and its `k` endpoint elements move to the slot maps.
 //! Elements that go elsewhere are left alone.
 //!
-//! Known differences from kube-proxy: the pin key holds the destination (ClusterIP or node
-//! address and NodePort), so a client's pins via the ClusterIP and via a NodePort are
-//! independent; Local-policy endpoint lists of external traffic are not pinned; and with
-//! `--nodeport-addresses` matching every address (no NodePort address set to key the slot maps
-//! on) NodePorts are balanced without affinity.
+//! Known differences from kube-proxy: the pin key holds the path (ClusterIP, external or LB
+//! address, or NodePort), so a client's pins via the ClusterIP and via the NodePort are
+//! independent; and Local-policy endpoint lists of external traffic are not pinned.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::{Elements, Settings, chain, goto, set};
-use crate::model::{ClusterState, IpFamily, Protocol, ServiceName, ServicePortName};
+use super::{Elements, chain, goto, set};
+use crate::model::{ClusterState, Protocol, ServiceName, ServicePortName};
 use crate::nft::wire::{WireData, WireTable, decode_atoms};
 use crate::ruleset::names;
 use crate::ruleset::{Atom, ElemData, Element, KeyField, SetData, SetKind, Stmt, Table, Verdict};
 
-/// `service address . protocol . port`: what affinity slots are assigned per.
+/// `service address . protocol . port`, or `protocol . NodePort` (`addr: None`): what affinity
+/// slots are assigned per. A NodePort's key is the same in both families' tables; their
+/// endpoints are not, and slots are looked up per endpoint, so [`Hints`] may hold both under it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
-    pub addr: IpAddr,
+    pub addr: Option<IpAddr>,
     pub proto: Protocol,
     pub port: u16,
 }
@@ -76,7 +92,12 @@ impl ServiceKey {
     fn from_atoms(atoms: &[Atom]) -> Option<ServiceKey> {
         match atoms {
             [Atom::Addr(addr), Atom::Proto(proto), Atom::Port(port)] => Some(ServiceKey {
-                addr: *addr,
+                addr: Some(*addr),
+                proto: *proto,
+                port: *port,
+            }),
+            [Atom::Proto(proto), Atom::Port(port)] => Some(ServiceKey {
+                addr: None,
                 proto: *proto,
                 port: *port,
             }),
@@ -94,7 +115,8 @@ pub struct Hints {
 
 impl Hints {
     /// The assignments held by `tables` (our tables, read back from the kernel or as last
-    /// applied): every element of every `affinity-slot-<i>-endpoints` map.
+    /// applied): every element of every `affinity-slot-<i>-endpoints` and
+    /// `affinity-nodeport-slot-<i>-endpoints` map.
     pub fn from_tables(tables: &[&WireTable]) -> Hints {
         Self::decode(tables, |_| true)
     }
@@ -110,13 +132,13 @@ impl Hints {
 
     fn decode(tables: &[&WireTable], keep: impl Fn(Option<&ServicePortName>) -> bool) -> Hints {
         let mut hints = Hints::default();
-        let key_fields = service_key();
         let data_fields = [KeyField::Daddr, KeyField::ThDport];
         for table in tables {
             for (name, set) in &table.sets {
-                let Some(slot) = names::affinity_slot_of_map(name) else {
+                let Some((path, slot)) = Path::slot_of_map(name) else {
                     continue;
                 };
+                let key_fields = path.service_key();
                 for (key, elem) in &set.elements {
                     if !keep(elem.origin.as_deref()) {
                         continue;
@@ -189,26 +211,110 @@ pub(crate) fn assign_slots(
         .collect()
 }
 
-/// `client . service address . protocol . port`: the key of the pins.
-fn pin_key() -> Vec<KeyField> {
-    vec![
-        KeyField::Saddr,
-        KeyField::Daddr,
-        KeyField::L4Proto,
-        KeyField::ThDport,
-    ]
+/// Which traffic a set of slot objects serves, and so what its keys hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Path {
+    /// ClusterIPs, external IPs and LoadBalancer IPs: `address . protocol . port`.
+    Address,
+    /// NodePorts, on whichever address they answer: `protocol . NodePort`.
+    NodePort,
 }
 
-fn service_key() -> Vec<KeyField> {
-    vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport]
-}
+impl Path {
+    /// The path and slot of a slot endpoint map's name.
+    fn slot_of_map(name: &str) -> Option<(Path, usize)> {
+        names::affinity_slot_of_map(name)
+            .map(|i| (Path::Address, i))
+            .or_else(|| names::nodeport_affinity_slot_of_map(name).map(|i| (Path::NodePort, i)))
+    }
 
-fn random_key(k: usize) -> Vec<KeyField> {
-    let mut key = service_key();
-    key.push(KeyField::Numgen {
-        modulus: u32::try_from(k).unwrap_or(u32::MAX),
-    });
-    key
+    /// The key of the slot maps.
+    fn service_key(self) -> Vec<KeyField> {
+        match self {
+            Path::Address => vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport],
+            Path::NodePort => vec![KeyField::L4Proto, KeyField::ThDport],
+        }
+    }
+
+    /// The key of the pins: the client, then the service key.
+    fn pin_key(self) -> Vec<KeyField> {
+        let mut key = vec![KeyField::Saddr];
+        key.extend(self.service_key());
+        key
+    }
+
+    fn random_key(self, k: usize) -> Vec<KeyField> {
+        let mut key = self.service_key();
+        key.push(KeyField::Numgen {
+            modulus: u32::try_from(k).unwrap_or(u32::MAX),
+        });
+        key
+    }
+
+    /// What the service key is, for comments.
+    fn what(self) -> &'static str {
+        match self {
+            Path::Address => "service . protocol . port",
+            Path::NodePort => "protocol . NodePort",
+        }
+    }
+
+    /// What traffic the chains handle, for comments.
+    fn traffic(self) -> &'static str {
+        match self {
+            Path::Address => "",
+            Path::NodePort => "NodePort ",
+        }
+    }
+
+    fn slot_set(self, i: usize) -> String {
+        match self {
+            Path::Address => names::affinity_slot_set(i),
+            Path::NodePort => names::nodeport_affinity_slot_set(i),
+        }
+    }
+
+    fn slot_map(self, i: usize) -> String {
+        match self {
+            Path::Address => names::affinity_slot_map(i),
+            Path::NodePort => names::nodeport_affinity_slot_map(i),
+        }
+    }
+
+    fn slot_chains_map(self, i: usize) -> String {
+        match self {
+            Path::Address => names::affinity_slot_chains_map(i),
+            Path::NodePort => names::nodeport_affinity_slot_chains_map(i),
+        }
+    }
+
+    fn slot_chain(self, timeout: u32, i: usize) -> String {
+        match self {
+            Path::Address => names::affinity_slot_chain(timeout, i),
+            Path::NodePort => names::nodeport_affinity_slot_chain(timeout, i),
+        }
+    }
+
+    fn random_map(self, k: usize) -> String {
+        match self {
+            Path::Address => names::affinity_random_map(k),
+            Path::NodePort => names::nodeport_affinity_random_map(k),
+        }
+    }
+
+    fn dense_pick_chain(self, timeout: u32, k: usize) -> String {
+        match self {
+            Path::Address => names::affinity_dense_pick_chain(timeout, k),
+            Path::NodePort => names::nodeport_affinity_dense_pick_chain(timeout, k),
+        }
+    }
+
+    fn pick_chain(self, k: usize, n: usize) -> String {
+        match self {
+            Path::Address => names::affinity_pick_chain(k, n),
+            Path::NodePort => names::nodeport_affinity_pick_chain(k, n),
+        }
+    }
 }
 
 /// The endpoint count `k` of a `goto <prefix><k>` verdict.
@@ -243,59 +349,39 @@ struct Job {
     /// Where the element is: index of its map in `table.sets`, and in the map's elements.
     set: usize,
     elem: usize,
-    nodeport: bool,
+    path: Path,
     timeout: u32,
-    /// The `pick` map its endpoints are in, under this key prefix.
+    /// The `pick` map its endpoints are in, under the element's key (which is also the
+    /// service key of the slot maps).
     from_map: String,
-    from_key: Vec<Atom>,
-    /// The service keys the slot maps get: the element's own key, or for a NodePort one per
-    /// NodePort address.
-    svc_keys: Vec<Vec<Atom>>,
+    key: Vec<Atom>,
 }
 
-/// The slot maps' elements, by slot, and what the static objects must cover.
+/// The slot maps' elements of one path, by slot, and what its static objects must cover.
 #[derive(Default)]
 struct Slots {
     endpoints: BTreeMap<usize, Elements>,
     chains: BTreeMap<usize, Elements>,
-    /// `affinity-random-<k>` elements by `k`.
+    /// `…random-<k>` elements by `k`.
     random: BTreeMap<usize, Elements>,
     /// The slot range `n` each timeout's slot chains must cover.
     ranges: BTreeMap<u32, usize>,
-    /// `(timeout, k)` of the dense pick chains in use, and of the NodePort ones.
+    /// `(timeout, k)` of the dense pick chains in use.
     dense: BTreeSet<(u32, usize)>,
-    nodeport_dense: BTreeSet<(u32, usize)>,
-    /// `(k, n)` of the sparse pick chains in use, and of the NodePort ones.
+    /// `(k, n)` of the sparse pick chains in use.
     picks: BTreeSet<(usize, usize)>,
-    nodeport_picks: BTreeSet<(usize, usize)>,
-    /// Whether any sparse key uses slot `i`'s chains map.
+    /// The slots below this have a `…slot-<i>-chains` map (some sparse key reaches them).
     sparse_slots: usize,
 }
 
 /// Rewrites `table` for the services with ClientIP affinity, keeping the slots `hints` gives.
-pub(super) fn add(
-    state: &ClusterState,
-    settings: &Settings,
-    family: IpFamily,
-    table: &mut Table,
-    hints: &Hints,
-) {
-    let _ = family;
+pub(super) fn add(state: &ClusterState, table: &mut Table, hints: &Hints) {
     let timeout_of = |origin: &Option<Arc<ServicePortName>>| {
         origin
             .as_ref()
             .and_then(|o| state.services.get(&o.service))
             .and_then(|s| s.session_affinity_timeout)
     };
-    let nodeport_addrs: Vec<Atom> = table
-        .set(names::NODEPORT_IPS)
-        .map(|s| {
-            s.elements
-                .iter()
-                .filter_map(|e| e.key.first().copied())
-                .collect()
-        })
-        .unwrap_or_default();
 
     // Pass 1: find the dispatch elements of affinity service ports.
     let mut jobs = Vec::new();
@@ -303,45 +389,31 @@ pub(super) fn add(
         // The maps whose elements send a service port to its cluster-wide `pick-<k>`: ClusterIPs
         // in `service-ips`, external and LB IPs in `external-picks`, NodePorts in
         // `nodeport-picks` (Local-policy local endpoints are not pinned).
-        let nodeport = s.name == names::NODEPORT_PICKS;
-        if s.name != names::SERVICE_IPS && s.name != names::EXTERNAL_PICKS && !nodeport {
+        let path = if s.name == names::NODEPORT_PICKS {
+            Path::NodePort
+        } else if s.name == names::SERVICE_IPS || s.name == names::EXTERNAL_PICKS {
+            Path::Address
+        } else {
             continue;
-        }
-        // Without NodePort addresses (`--nodeport-addresses` matching every address) there is
-        // no address to key NodePort slots on: those NodePorts stay on `nodeport-pick-<k>`.
-        if nodeport && nodeport_addrs.is_empty() {
-            continue;
-        }
+        };
         for (ei, e) in s.elements.iter().enumerate() {
             let Some(timeout) = timeout_of(&e.origin) else {
                 continue;
             };
-            let prefix = if nodeport { "nodeport-pick-" } else { "pick-" };
+            let (prefix, map): (&str, fn(usize) -> String) = match path {
+                Path::Address => ("pick-", names::pick_map),
+                Path::NodePort => ("nodeport-pick-", names::nodeport_pick_map),
+            };
             let Some(k) = pick_count(&e.data, prefix) else {
                 continue;
-            };
-            let (from_map, svc_keys) = if nodeport {
-                // NodePort traffic's destination is a NodePort address: one key per address.
-                let keys = nodeport_addrs
-                    .iter()
-                    .map(|addr| {
-                        let mut key = vec![*addr];
-                        key.extend_from_slice(&e.key);
-                        key
-                    })
-                    .collect();
-                (names::nodeport_pick_map(k), keys)
-            } else {
-                (names::pick_map(k), vec![e.key.clone()])
             };
             jobs.push(Job {
                 set: si,
                 elem: ei,
-                nodeport,
+                path,
                 timeout,
-                from_map,
-                from_key: e.key.clone(),
-                svc_keys,
+                from_map: map(k),
+                key: e.key.clone(),
             });
         }
     }
@@ -353,7 +425,7 @@ pub(super) fn add(
         wanted
             .entry(job.from_map.clone())
             .or_default()
-            .insert(job.from_key.clone());
+            .insert(job.key.clone());
     }
     let mut found: BTreeMap<(String, Vec<Atom>), Numbered> = BTreeMap::new();
     for (map, prefixes) in &wanted {
@@ -370,15 +442,12 @@ pub(super) fn add(
     }
 
     // Pass 3: slots per service key, the slot maps' elements, and the dispatch verdicts.
-    let mut slots = Slots::default();
+    let mut paths: BTreeMap<Path, Slots> = BTreeMap::new();
     let mut verdicts = Vec::new();
     for job in jobs {
         // Two dispatch elements may share endpoints (an external IP that repeats the
         // ClusterIP): each gets its own copy.
-        let Some(mut eps) = found
-            .get(&(job.from_map.clone(), job.from_key.clone()))
-            .cloned()
-        else {
+        let Some(mut eps) = found.get(&(job.from_map.clone(), job.key.clone())).cloned() else {
             continue;
         };
         // Sorted endpoint order, as the pick map numbered them.
@@ -397,46 +466,23 @@ pub(super) fn add(
             continue;
         }
         let k = eps.len();
-        let keys: Vec<(&[Atom], Vec<usize>)> = job
-            .svc_keys
-            .iter()
-            .map(|key| {
-                let addrs: Vec<SocketAddr> = eps.iter().map(|(a, _)| *a).collect();
-                let previous = ServiceKey::from_atoms(key).and_then(|k| hints.slots(&k));
-                (key.as_slice(), assign_slots(&addrs, previous))
-            })
-            .collect();
-        // Every key of the element numbers its k endpoints 0..k exactly when the highest slot
-        // is k-1.
-        let n = keys
-            .iter()
-            .flat_map(|(_, slots)| slots.iter().map(|s| s + 1))
-            .max()
-            .unwrap_or(k);
+        let addrs: Vec<SocketAddr> = eps.iter().map(|(a, _)| *a).collect();
+        let previous = ServiceKey::from_atoms(&job.key).and_then(|key| hints.slots(&key));
+        let assigned = assign_slots(&addrs, previous);
+        // The k endpoints are numbered 0..k exactly when the highest slot is k-1.
+        let n = assigned.iter().map(|s| s + 1).max().unwrap_or(k);
         let dense = n == k;
+        let slots = paths.entry(job.path).or_default();
         if !dense {
             slots.sparse_slots = slots.sparse_slots.max(n);
         }
-        for (key, assigned) in &keys {
-            slots.add_key(key, &eps, assigned, job.timeout, dense);
-        }
-        let chain = match (dense, job.nodeport) {
-            (true, false) => {
-                slots.dense.insert((job.timeout, k));
-                names::affinity_dense_pick_chain(job.timeout, k)
-            }
-            (true, true) => {
-                slots.nodeport_dense.insert((job.timeout, k));
-                names::nodeport_affinity_dense_pick_chain(job.timeout, k)
-            }
-            (false, false) => {
-                slots.picks.insert((k, n));
-                names::affinity_pick_chain(k, n)
-            }
-            (false, true) => {
-                slots.nodeport_picks.insert((k, n));
-                names::nodeport_affinity_pick_chain(k, n)
-            }
+        slots.add_key(job.path, &job.key, &eps, &assigned, job.timeout, dense);
+        let chain = if dense {
+            slots.dense.insert((job.timeout, k));
+            job.path.dense_pick_chain(job.timeout, k)
+        } else {
+            slots.picks.insert((k, n));
+            job.path.pick_chain(k, n)
         };
         verdicts.push((job.set, job.elem, chain));
     }
@@ -450,7 +496,9 @@ pub(super) fn add(
         }
     }
     drop_unused_picks(table);
-    slots.add_objects(settings, table);
+    for (path, slots) in paths {
+        slots.add_objects(path, table);
+    }
 }
 
 impl Slots {
@@ -459,6 +507,7 @@ impl Slots {
     /// read (which slots are occupied, and the random index of each).
     fn add_key(
         &mut self,
+        path: Path,
         svc_key: &[Atom],
         eps: &[(SocketAddr, Element)],
         assigned: &[usize],
@@ -486,7 +535,7 @@ impl Slots {
             if dense {
                 continue;
             }
-            let to_slot = goto(names::affinity_slot_chain(timeout, *slot));
+            let to_slot = goto(path.slot_chain(timeout, *slot));
             self.chains
                 .entry(*slot)
                 .or_default()
@@ -503,14 +552,16 @@ impl Slots {
         *range = (*range).max(n);
     }
 
-    /// The static sets, maps and chains the elements need.
-    fn add_objects(mut self, settings: &Settings, table: &mut Table) {
+    /// The static sets, maps and chains of `path` that the elements need.
+    fn add_objects(mut self, path: Path, table: &mut Table) {
+        let what = path.what();
+        let traffic = path.traffic();
         let slot_count = self.ranges.values().copied().max().unwrap_or(0);
         for i in 0..slot_count {
             let mut pins = set(
-                &names::affinity_slot_set(i),
-                &format!("client . service . protocol . port pinned to endpoint slot {i}"),
-                pin_key(),
+                &path.slot_set(i),
+                &format!("client . {what} pinned to endpoint slot {i}"),
+                path.pin_key(),
                 None,
                 Vec::new(),
             );
@@ -518,11 +569,9 @@ impl Slots {
             pins.typeof_ = true;
             table.sets.push(pins);
             table.sets.push(set(
-                &names::affinity_slot_map(i),
-                &format!(
-                    "service . protocol . port to the endpoint in slot {i} (ClientIP affinity)"
-                ),
-                service_key(),
+                &path.slot_map(i),
+                &format!("{what} to the endpoint in slot {i} (ClientIP affinity)"),
+                path.service_key(),
                 Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
                 self.endpoints.remove(&i).unwrap_or_default(),
             ));
@@ -530,12 +579,9 @@ impl Slots {
                 continue;
             }
             table.sets.push(set(
-                &names::affinity_slot_chains_map(i),
-                &format!(
-                    "service . protocol . port with an endpoint in slot {i}: the slot chain for \
-                     its timeout"
-                ),
-                service_key(),
+                &path.slot_chains_map(i),
+                &format!("{what} with an endpoint in slot {i}: the slot chain for its timeout"),
+                path.service_key(),
                 Some(SetData::Verdict),
                 self.chains.remove(&i).unwrap_or_default(),
             ));
@@ -543,9 +589,9 @@ impl Slots {
         for (k, elements) in std::mem::take(&mut self.random) {
             // The comment shares nft's 256-byte set userdata with the `typeof` description.
             let mut random = set(
-                &names::affinity_random_map(k),
-                "service . protocol . port . random index to a slot chain",
-                random_key(k),
+                &path.random_map(k),
+                &format!("{what} . random index to a slot chain"),
+                path.random_key(k),
                 Some(SetData::Verdict),
                 elements,
             );
@@ -555,73 +601,48 @@ impl Slots {
         for (&timeout, &n) in &self.ranges {
             for i in 0..n {
                 table.chains.push(chain(
-                    &names::affinity_slot_chain(timeout, i),
-                    &format!("pin the client to endpoint slot {i} for {timeout}s, DNAT to it"),
+                    &path.slot_chain(timeout, i),
+                    &format!(
+                        "pin the {traffic}client to endpoint slot {i} for {timeout}s, DNAT to it"
+                    ),
                     None,
                     vec![
                         // A separate rule: a full pin set must not stop the DNAT.
                         vec![Stmt::UpdateSet {
-                            key: pin_key(),
-                            set: names::affinity_slot_set(i),
+                            key: path.pin_key(),
+                            set: path.slot_set(i),
                             timeout_secs: timeout,
                         }],
                         vec![Stmt::DnatMap {
-                            key: service_key(),
-                            map: names::affinity_slot_map(i),
+                            key: path.service_key(),
+                            map: path.slot_map(i),
                         }],
                     ],
                 ));
             }
         }
         // Dense keys: the client's pinned slot, else a cascade of `numgen` over slots 0..k.
-        let dense: BTreeSet<(u32, usize)> =
-            self.dense.union(&self.nodeport_dense).copied().collect();
-        for &(timeout, k) in &dense {
+        for &(timeout, k) in &self.dense {
             table.chains.push(chain(
-                &names::affinity_dense_pick_chain(timeout, k),
+                &path.dense_pick_chain(timeout, k),
                 &format!(
-                    "ClientIP affinity, {k} endpoints: the client's pinned slot, else one at random"
+                    "{traffic}ClientIP affinity, {k} endpoints: the client's pinned slot, else \
+                     one at random"
                 ),
                 None,
-                dense_pick_rules(timeout, k),
-            ));
-        }
-        for &(timeout, k) in &self.nodeport_dense {
-            // External traffic to a Cluster-policy service is always masqueraded (as
-            // nodeport-pick).
-            table.chains.push(chain(
-                &names::nodeport_affinity_dense_pick_chain(timeout, k),
-                &format!("masquerade NodePort traffic, then ClientIP affinity among {k} endpoints"),
-                None,
-                vec![vec![
-                    Stmt::MarkOr(settings.mark),
-                    Stmt::Verdict(Verdict::Goto(names::affinity_dense_pick_chain(timeout, k))),
-                ]],
+                dense_pick_rules(path, timeout, k),
             ));
         }
         // Sparse keys.
-        let sparse: BTreeSet<(usize, usize)> =
-            self.picks.union(&self.nodeport_picks).copied().collect();
-        for &(k, n) in &sparse {
+        for &(k, n) in &self.picks {
             table.chains.push(chain(
-                &names::affinity_pick_chain(k, n),
+                &path.pick_chain(k, n),
                 &format!(
-                    "ClientIP affinity, {k} endpoints in slots below {n}: the client's pinned \
-                     slot while occupied, else one at random"
+                    "{traffic}ClientIP affinity, {k} endpoints in slots below {n}: the client's \
+                     pinned slot while occupied, else one at random"
                 ),
                 None,
-                pick_rules(k, n),
-            ));
-        }
-        for &(k, n) in &self.nodeport_picks {
-            table.chains.push(chain(
-                &names::nodeport_affinity_pick_chain(k, n),
-                &format!("masquerade NodePort traffic, then ClientIP affinity among {k} endpoints"),
-                None,
-                vec![vec![
-                    Stmt::MarkOr(settings.mark),
-                    Stmt::Verdict(Verdict::Goto(names::affinity_pick_chain(k, n))),
-                ]],
+                pick_rules(path, k, n),
             ));
         }
     }
@@ -631,14 +652,14 @@ impl Slots {
 /// slot `i` with a cascade of `numgen random mod (k-i)` rules, rule `i` reached with probability
 /// (k-i)/k and taken with 1/(k-i), so each slot gets 1/k. No per-service verdict map is looked
 /// up here; the kernel's chain validation stays as cheap as for a service without affinity.
-fn dense_pick_rules(timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
-    let to_slot = |i: usize| Stmt::Verdict(Verdict::Goto(names::affinity_slot_chain(timeout, i)));
+fn dense_pick_rules(path: Path, timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
+    let to_slot = |i: usize| Stmt::Verdict(Verdict::Goto(path.slot_chain(timeout, i)));
     let mut rules: Vec<Vec<Stmt>> = (0..k)
         .map(|i| {
             vec![
                 Stmt::InSet {
-                    key: pin_key(),
-                    set: names::affinity_slot_set(i),
+                    key: path.pin_key(),
+                    set: path.slot_set(i),
                 },
                 to_slot(i),
             ]
@@ -656,18 +677,18 @@ fn dense_pick_rules(timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
 
 /// For each slot below `n` in ascending order: follow the client's pin while the service has an
 /// endpoint in the slot, else delete the pin; then a uniform pick among the `k` endpoints.
-fn pick_rules(k: usize, n: usize) -> Vec<Vec<Stmt>> {
+fn pick_rules(path: Path, k: usize, n: usize) -> Vec<Vec<Stmt>> {
     let pinned = |i: usize| Stmt::InSet {
-        key: pin_key(),
-        set: names::affinity_slot_set(i),
+        key: path.pin_key(),
+        set: path.slot_set(i),
     };
     let mut rules = Vec::with_capacity(2 * n + 1);
     for i in 0..n {
         rules.push(vec![
             pinned(i),
             Stmt::Vmap {
-                key: service_key(),
-                map: names::affinity_slot_chains_map(i),
+                key: path.service_key(),
+                map: path.slot_chains_map(i),
             },
         ]);
         // Reached only when the slot is empty for this service: the pin is stale. Deleting it
@@ -676,14 +697,14 @@ fn pick_rules(k: usize, n: usize) -> Vec<Vec<Stmt>> {
         rules.push(vec![
             pinned(i),
             Stmt::DeleteFromSet {
-                key: pin_key(),
-                set: names::affinity_slot_set(i),
+                key: path.pin_key(),
+                set: path.slot_set(i),
             },
         ]);
     }
     rules.push(vec![Stmt::Vmap {
-        key: random_key(k),
-        map: names::affinity_random_map(k),
+        key: path.random_key(k),
+        map: path.random_map(k),
     }]);
     rules
 }

@@ -5,10 +5,11 @@ use std::net::IpAddr;
 use super::*;
 use crate::config::NodePortAddresses;
 use crate::model::{
-    Conditions, EndpointSlice, Node, Service, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+    Conditions, EndpointSlice, IpFamily, Node, Service, ServicePort, SliceEndpoint, SlicePort,
+    TrafficPolicy,
 };
 use crate::nft::lower;
-use crate::ruleset::build::{DetectLocal, build, build_with};
+use crate::ruleset::build::{DetectLocal, Settings, build, build_with};
 use crate::ruleset::eval::{self, DynamicSets, Origin, Packet, Trace};
 use crate::ruleset::{Ruleset, Table};
 
@@ -159,16 +160,11 @@ fn v4(rs: &Ruleset) -> &Table {
     rs.table(IpFamily::V4).unwrap()
 }
 
-/// The slot of each endpoint of `key` (`addr . tcp . port`), read from the slot maps.
-fn slots_of(table: &Table, addr: &str, port: u16) -> BTreeMap<SocketAddr, usize> {
-    let key = vec![
-        Atom::Addr(ip(addr)),
-        Atom::Proto(Protocol::Tcp),
-        Atom::Port(port),
-    ];
+/// The slot of each endpoint of `key`, read from the slot maps of its path.
+fn slots_of(table: &Table, key: &[Atom]) -> BTreeMap<SocketAddr, usize> {
     let mut out = BTreeMap::new();
     for set in &table.sets {
-        let Some(slot) = names::affinity_slot_of_map(&set.name) else {
+        let Some((_, slot)) = Path::slot_of_map(&set.name) else {
             continue;
         };
         for e in set.elements.iter().filter(|e| e.key == key) {
@@ -180,6 +176,20 @@ fn slots_of(table: &Table, addr: &str, port: u16) -> BTreeMap<SocketAddr, usize>
         }
     }
     out
+}
+
+/// The service key `addr . tcp . port`.
+fn svc(addr: &str, port: u16) -> Vec<Atom> {
+    vec![
+        Atom::Addr(ip(addr)),
+        Atom::Proto(Protocol::Tcp),
+        Atom::Port(port),
+    ]
+}
+
+/// The NodePort key `tcp . port`.
+fn np(port: u16) -> Vec<Atom> {
+    vec![Atom::Proto(Protocol::Tcp), Atom::Port(port)]
 }
 
 /// The chain `map` sends `key` to.
@@ -198,19 +208,15 @@ fn verdict_of(table: &Table, map: &str, key: &[Atom]) -> String {
 }
 
 fn cluster_key() -> Vec<Atom> {
-    vec![
-        Atom::Addr(ip("203.0.113.20")),
-        Atom::Proto(Protocol::Tcp),
-        Atom::Port(80),
-    ]
+    svc("203.0.113.20", 80)
 }
 
 #[test]
 fn slots_survive_the_kernel_form_when_endpoints_go_and_come() {
     let first = build(&state(&[A, B, C]), &settings());
     let dense = slots(&[(A, 0), (B, 1), (C, 2)]);
-    assert_eq!(slots_of(v4(&first), "203.0.113.20", 80), dense);
-    assert_eq!(slots_of(v4(&first), "192.0.2.11", 30080), dense);
+    assert_eq!(slots_of(v4(&first), &cluster_key()), dense);
+    assert_eq!(slots_of(v4(&first), &np(30080)), dense);
     assert_eq!(
         verdict_of(v4(&first), names::SERVICE_IPS, &cluster_key()),
         "affinity-10800s-pick-3"
@@ -219,30 +225,26 @@ fn slots_survive_the_kernel_form_when_endpoints_go_and_come() {
     // A goes: B and C keep their slots, wherever the service is reached.
     let second = build_with(&state(&[B, C]), &settings(), &hints_of(&first));
     let sparse = slots(&[(B, 1), (C, 2)]);
-    assert_eq!(slots_of(v4(&second), "203.0.113.20", 80), sparse);
-    assert_eq!(slots_of(v4(&second), "192.0.2.11", 30080), sparse);
+    assert_eq!(slots_of(v4(&second), &cluster_key()), sparse);
+    assert_eq!(slots_of(v4(&second), &np(30080)), sparse);
     assert_eq!(
         verdict_of(v4(&second), names::SERVICE_IPS, &cluster_key()),
         "affinity-pick-2-in-3"
     );
     assert_eq!(
-        verdict_of(
-            v4(&second),
-            names::NODEPORT_PICKS,
-            &[Atom::Proto(Protocol::Tcp), Atom::Port(30080)]
-        ),
-        "nodeport-affinity-pick-2-in-3"
+        verdict_of(v4(&second), names::NODEPORT_PICKS, &np(30080)),
+        "affinity-nodeport-pick-2-in-3"
     );
     // Without hints the same state is numbered densely, as before slots were kept.
     assert_eq!(
-        slots_of(v4(&build(&state(&[B, C]), &settings())), "203.0.113.20", 80),
+        slots_of(v4(&build(&state(&[B, C]), &settings())), &cluster_key()),
         slots(&[(B, 0), (C, 1)])
     );
 
     // D arrives, sorting first: it takes the free slot 0, B and C stay.
     let third = build_with(&state(&[D, B, C]), &settings(), &hints_of(&second));
     assert_eq!(
-        slots_of(v4(&third), "203.0.113.20", 80),
+        slots_of(v4(&third), &cluster_key()),
         slots(&[(D, 0), (B, 1), (C, 2)])
     );
     // No holes any more: the dense chain, with no per-service verdict elements.
@@ -258,7 +260,7 @@ fn slots_survive_the_kernel_form_when_endpoints_go_and_come() {
     // The IPv6 table keeps its own slots.
     let v6 = third.table(IpFamily::V6).unwrap();
     assert_eq!(
-        slots_of(v6, "2001:db8:ffff::20", 80),
+        slots_of(v6, &svc("2001:db8:ffff::20", 80)),
         slots(&[("[2001:db8:b::10]:8080", 0)])
     );
 }
@@ -282,10 +284,15 @@ fn the_random_map_points_at_the_present_endpoints_only() {
 }
 
 fn connect(rs: &Ruleset, dst: &str, pins: &DynamicSets) -> Trace {
+    connect_on(rs, &[ip("192.0.2.11")], dst, pins)
+}
+
+/// A connection from an outside client to `dst` on a node with the local addresses `node`.
+fn connect_on(rs: &Ruleset, node: &[IpAddr], dst: &str, pins: &DynamicSets) -> Trace {
     let dst = sock(dst);
     eval::evaluate_with(
         rs,
-        &[ip("192.0.2.11")],
+        node,
         Packet {
             src: ip("192.0.2.200"),
             dst: dst.ip(),
@@ -375,7 +382,7 @@ fn hints_are_read_for_the_services_asked_for() {
     };
     let all = Hints::from_tables(&tables);
     let key = |addr: &str, port| ServiceKey {
-        addr: ip(addr),
+        addr: Some(ip(addr)),
         proto: Protocol::Tcp,
         port,
     };
@@ -387,35 +394,64 @@ fn hints_are_read_for_the_services_asked_for() {
         all.slots(&key("2001:db8:ffff::20", 80)),
         Some(&slots(&[("[2001:db8:b::10]:8080", 0)]))
     );
+    // The NodePort's key names no address, so both families' slots are under it: each family
+    // looks up its own endpoints.
+    let node_port = ServiceKey {
+        addr: None,
+        proto: Protocol::Tcp,
+        port: 30080,
+    };
+    assert_eq!(
+        all.slots(&node_port),
+        Some(&slots(&[(A, 0), (B, 1), ("[2001:db8:b::10]:8080", 0)]))
+    );
     assert_eq!(Hints::from_tables_for(&tables, &BTreeSet::from([web])), all);
     assert!(Hints::from_tables_for(&tables, &BTreeSet::from([other])).is_empty());
 }
 
 #[test]
-fn with_every_address_answering_node_ports_they_are_balanced_without_affinity() {
+fn with_every_address_answering_node_ports_a_client_is_pinned_whichever_address_it_uses() {
     let mut all = settings();
     all.nodeport_addresses = NodePortAddresses {
         primary: false,
         all: true,
         cidrs: vec![],
     };
-    let rs = build(&state(&[A, B, C]), &all);
-    // No NodePort address to key the slot maps on: the NodePort keeps its plain pick chain…
+    let first = build(&state(&[A, B, C]), &all);
     assert_eq!(
-        verdict_of(
-            v4(&rs),
-            names::NODEPORT_PICKS,
-            &[Atom::Proto(Protocol::Tcp), Atom::Port(30080)]
-        ),
-        "nodeport-pick-3"
+        verdict_of(v4(&first), names::NODEPORT_PICKS, &np(30080)),
+        "affinity-nodeport-10800s-pick-3"
     );
-    // …and reaches every endpoint (a NodePort affinity chain would find no slot element for
-    // the node's address and leave the connection un-DNATed); the ClusterIP is still pinned.
-    let t = connect(&rs, "192.0.2.11:30080", &DynamicSets::new());
+    // 192.0.2.99 is on an interface but not in the Node object: only `all` answers there.
+    let node = [ip("192.0.2.11"), ip("192.0.2.99")];
+    let none = DynamicSets::new();
+    let t = connect_on(&first, &node, "192.0.2.99:30080", &none);
     assert_eq!(t.dnat_targets(), [sock(A), sock(B), sock(C)]);
-    let on_b = pins_after(&connect(&rs, "203.0.113.20:80", &DynamicSets::new()), B);
+    let on_b = pins_after(&t, B);
+    // The pin names the NodePort, not the address: it holds on every address of the node.
+    for dst in ["192.0.2.99:30080", "192.0.2.11:30080"] {
+        assert_eq!(
+            connect_on(&first, &node, dst, &on_b).dnat_targets(),
+            [sock(B)],
+            "{dst}"
+        );
+    }
+    // Pins via the NodePort and via the ClusterIP are independent (module documentation).
     assert_eq!(
-        connect(&rs, "203.0.113.20:80", &on_b).dnat_targets(),
+        connect_on(&first, &node, "203.0.113.20:80", &on_b).dnat_targets(),
+        [sock(A), sock(B), sock(C)]
+    );
+    // A goes: B keeps its slot through the kernel's form of the table, and the client its
+    // endpoint; a client pinned to A is picked anew among B and C.
+    let second = build_with(&state(&[B, C]), &all, &hints_of(&first));
+    assert_eq!(slots_of(v4(&second), &np(30080)), slots(&[(B, 1), (C, 2)]));
+    assert_eq!(
+        connect_on(&second, &node, "192.0.2.11:30080", &on_b).dnat_targets(),
         [sock(B)]
+    );
+    let on_a = pins_after(&t, A);
+    assert_eq!(
+        connect_on(&second, &node, "192.0.2.11:30080", &on_a).dnat_targets(),
+        [sock(B), sock(C)]
     );
 }
