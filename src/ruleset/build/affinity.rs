@@ -316,8 +316,8 @@ impl Path {
         match self {
             Path::Address => "service . protocol . port",
             Path::NodePort => "protocol . NodePort",
-            Path::AddressLocal => "external . protocol . port",
-            Path::NodePortLocal => "protocol . Local-policy NodePort",
+            Path::AddressLocal => "external address . protocol . port",
+            Path::NodePortLocal => "protocol . NodePort",
         }
     }
 
