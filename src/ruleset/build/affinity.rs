@@ -26,10 +26,21 @@
 //! objects (chains per timeout and slot, sets and maps per slot), a constant; measured in
 //! docs/ruleset.md ("Session affinity").
 //!
+//! Under `externalTrafficPolicy: Local`, outside clients of an external IP, LB IP or NodePort go
+//! to this node's endpoints only (`external-local-picks`, `nodeport-local-picks`), and are
+//! pinned there as kube-proxy pins them (its local-policy endpoint chains check affinity too).
+//! These Local-policy lists have the same objects again, named `affinity-local-…` (keyed like
+//! `affinity-…`) and `affinity-nodeport-local-…` (keyed like `affinity-nodeport-…`), with slots
+//! of their own. Sharing the cluster-wide slots and slot maps would not do: the local list is not
+//! always a subset of the cluster-wide one (with no ready local endpoint, the serving and
+//! terminating local ones are used, while the cluster-wide list holds the ready ones elsewhere),
+//! and a sparse local list needs occupancy and random maps of its own under the same service
+//! key anyway. Separate objects make the Local-policy path one more [`Path`], like NodePorts;
+//! its slots are kept through [`Hints`] (under [`ServiceKey::local`]) in the same way.
+//!
 //! Slots are stable: an endpoint keeps its slot while it exists, and a new endpoint takes the
 //! lowest slot free for its service key. Where the previous slots come from: [`Hints`], decoded
-//! from the `affinity-slot-<i>-endpoints` and `affinity-nodeport-slot-<i>-endpoints` maps the
-//! kernel holds (read back on start-up, so a restart keeps every assignment); without hints,
+//! from the `…slot-<i>-endpoints` maps of every path that the kernel holds (read back on start-up, so a restart keeps every assignment); without hints,
 //! slots are the positions in sorted order.
 //!
 //! A key whose `k` endpoints are in slots `0..k` (dense: always so without hints, and again once
@@ -60,13 +71,15 @@
 //! unless a new timeout, endpoint count or slot range needs its static chains.
 //!
 //! This runs after the main builder and rewrites what it produced for affinity services: a
-//! `service-ips`/`external-picks`/`nodeport-picks` element that goes to `pick-<k>`/`nodeport-pick-<k>`
-//! goes to the affinity chains instead, and its `k` endpoint elements move to the slot maps.
-//! Elements that go elsewhere are left alone.
+//! `service-ips`/`external-picks`/`nodeport-picks` element that goes to
+//! `pick-<k>`/`nodeport-pick-<k>`, and an `external-local-picks`/`nodeport-local-picks` element
+//! that goes to `local-pick-<k>`/`nodeport-local-pick-<k>`, goes to the path's affinity chains
+//! instead, and its `k` endpoint elements move to the path's slot maps. Elements that go
+//! elsewhere are left alone.
 //!
-//! Known differences from kube-proxy: the pin key holds the path (ClusterIP, external or LB
-//! address, or NodePort), so a client's pins via the ClusterIP and via the NodePort are
-//! independent; and Local-policy endpoint lists of external traffic are not pinned.
+//! Known difference from kube-proxy: the pin key holds the path (ClusterIP, external or LB
+//! address, or NodePort; cluster-wide or Local-policy list), so a client's pins via the
+//! ClusterIP and via the NodePort are independent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -88,6 +101,7 @@ pub struct ServiceKey {
     pub addr: Option<IpAddr>,
     pub proto: Protocol,
     pub port: u16,
+    /// The Local-policy list of outside traffic (`affinity-local-…`, `affinity-nodeport-local-…`).
     pub local: bool,
 }
 
