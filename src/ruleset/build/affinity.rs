@@ -271,24 +271,15 @@ impl Path {
         matches!(self, Path::AddressLocal | Path::NodePortLocal)
     }
 
-    /// The path whose endpoints a dispatch map's elements send to a `pick` chain, with the
-    /// prefix of that chain's name and the name of its map.
-    fn of_dispatch_map(name: &str) -> Option<(Path, &'static str, fn(usize) -> String)> {
+    /// The path whose endpoints a dispatch map's elements send to a `pick` chain, and the kind
+    /// of that chain.
+    fn of_dispatch_map(name: &str) -> Option<(Path, PickKind)> {
+        let [pick, local_pick, nodeport_pick, nodeport_local_pick] = PICK_KINDS;
         Some(match name {
-            names::SERVICE_IPS | names::EXTERNAL_PICKS => (
-                Path::Address,
-                "pick-",
-                names::pick_map as fn(usize) -> String,
-            ),
-            names::NODEPORT_PICKS => (Path::NodePort, "nodeport-pick-", names::nodeport_pick_map),
-            names::EXTERNAL_LOCAL_PICKS => {
-                (Path::AddressLocal, "local-pick-", names::local_pick_map)
-            }
-            names::NODEPORT_LOCAL_PICKS => (
-                Path::NodePortLocal,
-                "nodeport-local-pick-",
-                names::nodeport_local_pick_map,
-            ),
+            names::SERVICE_IPS | names::EXTERNAL_PICKS => (Path::Address, pick),
+            names::NODEPORT_PICKS => (Path::NodePort, nodeport_pick),
+            names::EXTERNAL_LOCAL_PICKS => (Path::AddressLocal, local_pick),
+            names::NODEPORT_LOCAL_PICKS => (Path::NodePortLocal, nodeport_local_pick),
             _ => return None,
         })
     }
@@ -383,6 +374,18 @@ impl Path {
     }
 }
 
+/// A kind of `pick` chain: the prefix of its name (before `k`), and the name of its map.
+type PickKind = (&'static str, fn(usize) -> String);
+
+/// The `pick` chains that affinity replaces: cluster-wide and Local-policy lists of service
+/// addresses and NodePorts.
+const PICK_KINDS: [PickKind; 4] = [
+    ("pick-", names::pick_map),
+    ("local-pick-", names::local_pick_map),
+    ("nodeport-pick-", names::nodeport_pick_map),
+    ("nodeport-local-pick-", names::nodeport_local_pick_map),
+];
+
 /// The endpoint count `k` of a `goto <prefix><k>` verdict.
 fn pick_count(data: &Option<ElemData>, prefix: &str) -> Option<usize> {
     match data {
@@ -456,7 +459,7 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, hints: &Hints) {
         // `service-ips`, external and LB IPs in `external-picks` (cluster-wide endpoints) and
         // `external-local-picks` (Local policy), NodePorts in `nodeport-picks` and
         // `nodeport-local-picks`.
-        let Some((path, prefix, map)) = Path::of_dispatch_map(&s.name) else {
+        let Some((path, (prefix, map))) = Path::of_dispatch_map(&s.name) else {
             continue;
         };
         for (ei, e) in s.elements.iter().enumerate() {
@@ -785,13 +788,7 @@ fn drop_unused_picks(table: &mut Table) {
         .collect();
     let mut gone_maps = BTreeSet::new();
     table.chains.retain(|c| {
-        let kinds: [(&str, fn(usize) -> String); 4] = [
-            ("pick-", names::pick_map),
-            ("local-pick-", names::local_pick_map),
-            ("nodeport-pick-", names::nodeport_pick_map),
-            ("nodeport-local-pick-", names::nodeport_local_pick_map),
-        ];
-        let map = kinds.iter().find_map(|(prefix, map)| {
+        let map = PICK_KINDS.iter().find_map(|(prefix, map)| {
             c.name
                 .strip_prefix(prefix)
                 .and_then(|k| k.parse().ok())
