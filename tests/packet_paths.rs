@@ -549,9 +549,6 @@ enum Pin {
     Pinned,
     /// Nothing is pinned (the Service has no affinity): no dynamic set is written.
     Nothing,
-    /// Not asserted: a known difference from kube-proxy (docs/ruleset.md, "Session affinity"):
-    /// Local-policy endpoints of outside traffic are balanced without affinity.
-    Unchecked,
 }
 
 /// Where a connection comes from.
@@ -635,7 +632,6 @@ fn expect_path(b: &Built, what: &str, pkt: Packet, want: &Want, tally: &mut Tall
                             branch.dynamic
                         );
                     }
-                    Pin::Unchecked => {}
                 }
             }
         }
@@ -725,11 +721,8 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                             && lb_ips.contains(&src))
                 };
                 let affinity = svc.session_affinity_timeout.is_some();
-                let pin = |pinned: bool| match (affinity, pinned) {
-                    (false, _) => Pin::Nothing,
-                    (true, true) => Pin::Pinned,
-                    (true, false) => Pin::Unchecked,
-                };
+                // Every path pins under affinity, the Local-policy list of outside traffic too.
+                let pin = if affinity { Pin::Pinned } else { Pin::Nothing };
                 for port in &svc.ports {
                     let eps: Vec<_> = endpoints_for(svc_slices, port)
                         .into_iter()
@@ -804,7 +797,7 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                         let p = pkt(src, dst, kind);
                         let not_pod =
                             from_local_pod(&b, family, src, p.iif.as_deref()) == Some(false);
-                        let want = served(&internal, b.config.masquerade_all || not_pod, pin(true));
+                        let want = served(&internal, b.config.masquerade_all || not_pod, pin);
                         expect_path(
                             &b,
                             &format!("{what}: ClusterIP from {kind:?} {src}"),
@@ -819,18 +812,34 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                     // masquerades everyone to all endpoints; Local sends pods (unmasqueraded)
                     // and the node itself (masqueraded) to all endpoints, and everyone else to
                     // this node's endpoints with the client address kept, or drops.
-                    let external_want = |kind: Source, src: IpAddr, pinned_here: bool| match svc
+                    let external_want = |kind: Source, src: IpAddr| match svc
                         .external_traffic_policy
                     {
-                        TrafficPolicy::Cluster => served(&cluster, true, pin(pinned_here)),
-                        TrafficPolicy::Local if is_pod(kind, src) => {
-                            served(&cluster, false, pin(pinned_here))
-                        }
+                        TrafficPolicy::Cluster => served(&cluster, true, pin),
+                        TrafficPolicy::Local if is_pod(kind, src) => served(&cluster, false, pin),
                         TrafficPolicy::Local if b.node_addrs.contains(&src) => {
-                            served(&cluster, true, pin(pinned_here))
+                            served(&cluster, true, pin)
                         }
-                        TrafficPolicy::Local => served(&local, false, pin(false)),
+                        TrafficPolicy::Local => served(&local, false, pin),
                     };
+                    // Outside traffic to this node's endpoints, pinned (counted, so that the
+                    // sweep cannot pass without checking a Local-policy pin).
+                    let count_local_pin =
+                        |tally: &mut Tally, kind: Source, src: IpAddr, want: &Want| {
+                            if svc.external_traffic_policy == TrafficPolicy::Local
+                                && !is_pod(kind, src)
+                                && !b.node_addrs.contains(&src)
+                                && matches!(
+                                    want,
+                                    Want::Dnat {
+                                        pin: Pin::Pinned,
+                                        ..
+                                    }
+                                )
+                            {
+                                tally.count("pinned-local");
+                            }
+                        };
 
                     // externalIPs and LoadBalancer ingress IPs (§2.3, §2.4).
                     let vips = svc
@@ -857,8 +866,9 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                                 if filtered && !ranges.iter().any(|r| r.contains(&src)) {
                                     tally.count("allowed-as-lb-ip");
                                 }
-                                external_want(kind, src, true)
+                                external_want(kind, src)
                             };
+                            count_local_pin(&mut tally, kind, src, &want);
                             let label = if is_lb { "LB IP" } else { "external IP" };
                             expect_path(
                                 &b,
@@ -897,7 +907,8 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                     for &addr in &np_addrs {
                         let dst = SocketAddr::new(addr, node_port);
                         for &(kind, src) in &from {
-                            let want = external_want(kind, src, true);
+                            let want = external_want(kind, src);
+                            count_local_pin(&mut tally, kind, src, &want);
                             expect_path(
                                 &b,
                                 &format!("{what}: NodePort {dst} from {kind:?} {src}"),
@@ -958,6 +969,7 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
         ("source-range-allowed", 8),
         ("allowed-as-lb-ip", 2),
         ("pinned", 50),
+        ("pinned-local", 3),
         ("nodeport-all", 10),
         ("nodeport-pinned-across-addresses", 10),
     ] {

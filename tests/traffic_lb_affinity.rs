@@ -305,3 +305,67 @@ fn keeps_each_client_on_its_endpoint(extra: &[&str]) {
         );
     }
 }
+
+/// externalTrafficPolicy Local with ClientIP affinity (`affinity-local.yaml`): outside clients
+/// of node-a's NodePort and LB IP reach only node-a's three endpoints, unmasqueraded, and each
+/// client sticks to one of them (kube-proxy pins the Local-policy endpoints too).
+#[test]
+fn client_ip_affinity_pins_outside_clients_to_one_local_endpoint_under_external_traffic_policy_local()
+ {
+    let mut lab = sticky_lab();
+    lab.spawn_server(Ns::PodA1, Proto::Tcp, 8081, "d");
+    // The LB IP lands on node-a, as an L2 load balancer would announce it.
+    lab.add_lan_address(Ns::NodeA, "192.0.2.50/24");
+    let clients: Vec<IpAddr> = (131..143)
+        .map(|i| {
+            lab.add_lan_address(Ns::Client, &format!("192.0.2.{i}/24"));
+            ip(&format!("192.0.2.{i}"))
+        })
+        .collect();
+    program_node_a(&lab, "affinity-local.yaml");
+    let local = BTreeSet::from(["a1", "a2", "d"].map(String::from));
+    for (addr, port) in [(Ns::NodeA.addr(false), 30102), (ip("192.0.2.50"), 80)] {
+        let mut seen = BTreeSet::new();
+        for &src in &clients {
+            // 6 connections of an unpinned client on one of 3 endpoints: probability 3^-5.
+            let got: Vec<String> = (0..6)
+                .map(
+                    |i| match lab.request_from(Ns::Client, Some(src), Proto::Tcp, addr, port) {
+                        Ok((name, peer)) => {
+                            assert_eq!(
+                                peer,
+                                src.to_string(),
+                                "{src} → {addr}:{port}: the client address was not kept{}",
+                                ruleset(&lab)
+                            );
+                            name
+                        }
+                        Err(e) => panic!(
+                            "request {i} from {src} to {addr}:{port} failed: {e}{}",
+                            ruleset(&lab)
+                        ),
+                    },
+                )
+                .collect();
+            let names = distinct(&got);
+            assert_eq!(
+                names.len(),
+                1,
+                "{src} → {addr}:{port} is not pinned: {got:?}{}",
+                ruleset(&lab)
+            );
+            assert!(
+                names.is_subset(&local),
+                "{src} → {addr}:{port} left node-a: {got:?}{}",
+                ruleset(&lab)
+            );
+            seen.extend(names);
+        }
+        // The clients are spread over the local endpoints (all 12 on one: probability 3^-11).
+        assert!(
+            seen.len() >= 2,
+            "{addr}:{port}: every client on one endpoint: {seen:?}{}",
+            ruleset(&lab)
+        );
+    }
+}

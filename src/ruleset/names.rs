@@ -53,42 +53,38 @@ pub const FIREWALL_CHECK: &str = "firewall-check";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const FIREWALL_ALLOW: &str = "firewall-allow";
 
-// ClientIP session affinity (build/affinity.rs). Service-address traffic (ClusterIPs,
-// external and LoadBalancer IPs) is keyed by `address . protocol . port`; NodePort traffic, which
-// may arrive on any NodePort address, by `protocol . NodePort` alone, in objects named
-// `affinity-nodeport-…`. (Versions that keyed NodePorts by node address had chains named
-// `nodeport-affinity-…`: new names let an upgrade drop those as stale objects, where reusing a
-// name with another comment would need the chain recreated while map elements reference it.)
+// ClientIP session affinity (build/affinity.rs). Each path has its own objects, named by its
+// prefix: service-address traffic (ClusterIPs, external and LoadBalancer IPs) to the
+// cluster-wide endpoints, keyed by `address . protocol . port`, under `affinity-`; NodePort
+// traffic, which may arrive on any NodePort address, by `protocol . NodePort` alone, under
+// `affinity-nodeport-`; and the same two for outside traffic to this node's endpoints under
+// `externalTrafficPolicy: Local`, under `affinity-local-` and `affinity-nodeport-local-`.
+// (Versions that keyed NodePorts by node address had chains named `nodeport-affinity-…`: new
+// names let an upgrade drop those as stale objects, where reusing a name with another comment
+// would need the chain recreated while map elements reference it.)
 
-/// The dynamic set of `client . service address . protocol . port` pinned to slot `i`.
-pub fn affinity_slot_set(i: usize) -> String {
-    format!("affinity-slot-{i}")
+/// Prefix of the affinity objects of service-address traffic to cluster-wide endpoints.
+pub const AFFINITY: &str = "affinity-";
+/// Prefix of the affinity objects of NodePort traffic to cluster-wide endpoints.
+pub const AFFINITY_NODEPORT: &str = "affinity-nodeport-";
+/// Prefix of the affinity objects of external-address traffic to this node's endpoints.
+pub const AFFINITY_LOCAL: &str = "affinity-local-";
+/// Prefix of the affinity objects of NodePort traffic to this node's endpoints.
+pub const AFFINITY_NODEPORT_LOCAL: &str = "affinity-nodeport-local-";
+
+/// The dynamic set of `client . service key` pinned to slot `i`.
+pub fn affinity_slot_set(prefix: &str, i: usize) -> String {
+    format!("{prefix}slot-{i}")
 }
 
-/// The dynamic set of `client . protocol . NodePort` pinned to slot `i`.
-pub fn nodeport_affinity_slot_set(i: usize) -> String {
-    format!("affinity-nodeport-slot-{i}")
+/// The map service key → the endpoint in slot `i`, for services with affinity.
+pub fn affinity_slot_map(prefix: &str, i: usize) -> String {
+    format!("{prefix}slot-{i}-endpoints")
 }
 
-/// The map `service address . protocol . port` → the endpoint in slot `i`, for services with
-/// affinity.
-pub fn affinity_slot_map(i: usize) -> String {
-    format!("affinity-slot-{i}-endpoints")
-}
-
-/// The map `protocol . NodePort` → the endpoint in slot `i`, for services with affinity.
-pub fn nodeport_affinity_slot_map(i: usize) -> String {
-    format!("affinity-nodeport-slot-{i}-endpoints")
-}
-
-/// The slot `i` of a map named by [`affinity_slot_map`].
-pub fn affinity_slot_of_map(name: &str) -> Option<usize> {
-    slot_of(name.strip_prefix("affinity-slot-")?)
-}
-
-/// The slot `i` of a map named by [`nodeport_affinity_slot_map`].
-pub fn nodeport_affinity_slot_of_map(name: &str) -> Option<usize> {
-    slot_of(name.strip_prefix("affinity-nodeport-slot-")?)
+/// The slot `i` of a map named by [`affinity_slot_map`] with `prefix`.
+pub fn affinity_slot_of_map(prefix: &str, name: &str) -> Option<usize> {
+    slot_of(name.strip_prefix(prefix)?.strip_prefix("slot-")?)
 }
 
 /// `i` of `<i>-endpoints`.
@@ -102,58 +98,33 @@ fn slot_of(rest: &str) -> Option<usize> {
     i.parse().ok()
 }
 
-/// The verdict map `service address . protocol . port` → the slot chain (for the service's
-/// timeout) of services with an endpoint in slot `i`.
-pub fn affinity_slot_chains_map(i: usize) -> String {
-    format!("affinity-slot-{i}-chains")
-}
-
-/// Like [`affinity_slot_chains_map`], keyed by `protocol . NodePort`.
-pub fn nodeport_affinity_slot_chains_map(i: usize) -> String {
-    format!("affinity-nodeport-slot-{i}-chains")
+/// The verdict map service key → the slot chain (for the service's timeout) of services with
+/// an endpoint in slot `i`.
+pub fn affinity_slot_chains_map(prefix: &str, i: usize) -> String {
+    format!("{prefix}slot-{i}-chains")
 }
 
 /// The chain that pins a client to slot `i` for `timeout` seconds and DNATs to that slot.
-pub fn affinity_slot_chain(timeout: u32, i: usize) -> String {
-    format!("affinity-{timeout}s-slot-{i}")
-}
-
-/// Like [`affinity_slot_chain`] for NodePort traffic.
-pub fn nodeport_affinity_slot_chain(timeout: u32, i: usize) -> String {
-    format!("affinity-nodeport-{timeout}s-slot-{i}")
+pub fn affinity_slot_chain(prefix: &str, timeout: u32, i: usize) -> String {
+    format!("{prefix}{timeout}s-slot-{i}")
 }
 
 /// The chain for services whose `k` endpoints are in slots `0..k` (dense) and whose affinity
 /// timeout is `timeout`: the client's pinned slot, or one at random.
-pub fn affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
-    format!("affinity-{timeout}s-pick-{k}")
+pub fn affinity_dense_pick_chain(prefix: &str, timeout: u32, k: usize) -> String {
+    format!("{prefix}{timeout}s-pick-{k}")
 }
 
-/// Like [`affinity_dense_pick_chain`] for NodePort traffic.
-pub fn nodeport_affinity_dense_pick_chain(timeout: u32, k: usize) -> String {
-    format!("affinity-nodeport-{timeout}s-pick-{k}")
-}
-
-/// The verdict map `service address . protocol . port . random index below k` → the slot chain
-/// of one of the service's `k` endpoints.
-pub fn affinity_random_map(k: usize) -> String {
-    format!("affinity-random-{k}")
-}
-
-/// Like [`affinity_random_map`], keyed by `protocol . NodePort . random index below k`.
-pub fn nodeport_affinity_random_map(k: usize) -> String {
-    format!("affinity-nodeport-random-{k}")
+/// The verdict map `service key . random index below k` → the slot chain of one of the
+/// service's `k` endpoints.
+pub fn affinity_random_map(prefix: &str, k: usize) -> String {
+    format!("{prefix}random-{k}")
 }
 
 /// The chain for services with `k` endpoints in slots below `n` (sparse, `n > k`): the client's
 /// pinned slot while occupied, or one of the `k` at random.
-pub fn affinity_pick_chain(k: usize, n: usize) -> String {
-    format!("affinity-pick-{k}-in-{n}")
-}
-
-/// Like [`affinity_pick_chain`] for NodePort traffic.
-pub fn nodeport_affinity_pick_chain(k: usize, n: usize) -> String {
-    format!("affinity-nodeport-pick-{k}-in-{n}")
+pub fn affinity_pick_chain(prefix: &str, k: usize, n: usize) -> String {
+    format!("{prefix}pick-{k}-in-{n}")
 }
 
 /// The chain that DNATs ClusterIP traffic to one of `k` endpoints.

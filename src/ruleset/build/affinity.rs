@@ -26,10 +26,21 @@
 //! objects (chains per timeout and slot, sets and maps per slot), a constant; measured in
 //! docs/ruleset.md ("Session affinity").
 //!
+//! Under `externalTrafficPolicy: Local`, outside clients of an external IP, LB IP or NodePort go
+//! to this node's endpoints only (`external-local-picks`, `nodeport-local-picks`), and are
+//! pinned there as kube-proxy pins them (its local-policy endpoint chains check affinity too).
+//! These Local-policy lists have the same objects again, named `affinity-local-…` (keyed like
+//! `affinity-…`) and `affinity-nodeport-local-…` (keyed like `affinity-nodeport-…`), with slots
+//! of their own. Sharing the cluster-wide slots and slot maps would not do: the local list is not
+//! always a subset of the cluster-wide one (with no ready local endpoint, the serving and
+//! terminating local ones are used, while the cluster-wide list holds the ready ones elsewhere),
+//! and a sparse local list needs occupancy and random maps of its own under the same service
+//! key anyway. Separate objects make the Local-policy path one more [`Path`], like NodePorts;
+//! its slots are kept through [`Hints`] (under [`ServiceKey::local`]) in the same way.
+//!
 //! Slots are stable: an endpoint keeps its slot while it exists, and a new endpoint takes the
 //! lowest slot free for its service key. Where the previous slots come from: [`Hints`], decoded
-//! from the `affinity-slot-<i>-endpoints` and `affinity-nodeport-slot-<i>-endpoints` maps the
-//! kernel holds (read back on start-up, so a restart keeps every assignment); without hints,
+//! from the `…slot-<i>-endpoints` maps of every path that the kernel holds (read back on start-up, so a restart keeps every assignment); without hints,
 //! slots are the positions in sorted order.
 //!
 //! A key whose `k` endpoints are in slots `0..k` (dense: always so without hints, and again once
@@ -60,13 +71,15 @@
 //! unless a new timeout, endpoint count or slot range needs its static chains.
 //!
 //! This runs after the main builder and rewrites what it produced for affinity services: a
-//! `service-ips`/`external-picks`/`nodeport-picks` element that goes to `pick-<k>`/`nodeport-pick-<k>`
-//! goes to the affinity chains instead, and its `k` endpoint elements move to the slot maps.
-//! Elements that go elsewhere are left alone.
+//! `service-ips`/`external-picks`/`nodeport-picks` element that goes to
+//! `pick-<k>`/`nodeport-pick-<k>`, and an `external-local-picks`/`nodeport-local-picks` element
+//! that goes to `local-pick-<k>`/`nodeport-local-pick-<k>`, goes to the path's affinity chains
+//! instead, and its `k` endpoint elements move to the path's slot maps. Elements that go
+//! elsewhere are left alone.
 //!
-//! Known differences from kube-proxy: the pin key holds the path (ClusterIP, external or LB
-//! address, or NodePort), so a client's pins via the ClusterIP and via the NodePort are
-//! independent; and Local-policy endpoint lists of external traffic are not pinned.
+//! Known difference from kube-proxy: the pin key holds the path (ClusterIP, external or LB
+//! address, or NodePort; cluster-wide or Local-policy list), so a client's pins via the
+//! ClusterIP and via the NodePort are independent.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -79,27 +92,33 @@ use crate::ruleset::names;
 use crate::ruleset::{Atom, ElemData, Element, KeyField, SetData, SetKind, Stmt, Table, Verdict};
 
 /// `service address . protocol . port`, or `protocol . NodePort` (`addr: None`): what affinity
-/// slots are assigned per. A NodePort's key is the same in both families' tables; their
-/// endpoints are not, and slots are looked up per endpoint, so [`Hints`] may hold both under it.
+/// slots are assigned per, on the cluster-wide endpoint list or (`local`) on the Local-policy
+/// list of outside traffic, each with its own slots. A NodePort's key is the same in both
+/// families' tables; their endpoints are not, and slots are looked up per endpoint, so [`Hints`]
+/// may hold both under it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
     pub addr: Option<IpAddr>,
     pub proto: Protocol,
     pub port: u16,
+    /// The Local-policy list of outside traffic (`affinity-local-…`, `affinity-nodeport-local-…`).
+    pub local: bool,
 }
 
 impl ServiceKey {
-    fn from_atoms(atoms: &[Atom]) -> Option<ServiceKey> {
+    fn from_atoms(atoms: &[Atom], local: bool) -> Option<ServiceKey> {
         match atoms {
             [Atom::Addr(addr), Atom::Proto(proto), Atom::Port(port)] => Some(ServiceKey {
                 addr: Some(*addr),
                 proto: *proto,
                 port: *port,
+                local,
             }),
             [Atom::Proto(proto), Atom::Port(port)] => Some(ServiceKey {
                 addr: None,
                 proto: *proto,
                 port: *port,
+                local,
             }),
             _ => None,
         }
@@ -115,8 +134,9 @@ pub struct Hints {
 
 impl Hints {
     /// The assignments held by `tables` (our tables, read back from the kernel or as last
-    /// applied): every element of every `affinity-slot-<i>-endpoints` and
-    /// `affinity-nodeport-slot-<i>-endpoints` map.
+    /// applied): every element of every `affinity-slot-<i>-endpoints`,
+    /// `affinity-nodeport-slot-<i>-endpoints`, `affinity-local-slot-<i>-endpoints` and
+    /// `affinity-nodeport-local-slot-<i>-endpoints` map.
     pub fn from_tables(tables: &[&WireTable]) -> Hints {
         Self::decode(tables, |_| true)
     }
@@ -152,7 +172,7 @@ impl Hints {
                         continue;
                     };
                     let (Some(key), [Atom::Addr(addr), Atom::Port(port)]) =
-                        (ServiceKey::from_atoms(&key), data.as_slice())
+                        (ServiceKey::from_atoms(&key, path.local()), data.as_slice())
                     else {
                         continue;
                     };
@@ -214,25 +234,70 @@ pub(crate) fn assign_slots(
 /// Which traffic a set of slot objects serves, and so what its keys hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Path {
-    /// ClusterIPs, external IPs and LoadBalancer IPs: `address . protocol . port`.
+    /// ClusterIPs, external IPs and LoadBalancer IPs to the cluster-wide endpoints:
+    /// `address . protocol . port`.
     Address,
-    /// NodePorts, on whichever address they answer: `protocol . NodePort`.
+    /// NodePorts, on whichever address they answer, to the cluster-wide endpoints:
+    /// `protocol . NodePort`.
     NodePort,
+    /// Outside traffic to an external or LoadBalancer IP of an `externalTrafficPolicy: Local`
+    /// service, to this node's endpoints: `address . protocol . port`.
+    AddressLocal,
+    /// Outside traffic to a NodePort of an `externalTrafficPolicy: Local` service, to this
+    /// node's endpoints: `protocol . NodePort`.
+    NodePortLocal,
 }
 
 impl Path {
+    const ALL: [Path; 4] = [
+        Path::Address,
+        Path::NodePort,
+        Path::AddressLocal,
+        Path::NodePortLocal,
+    ];
+
+    /// The prefix of the path's object names.
+    fn prefix(self) -> &'static str {
+        match self {
+            Path::Address => names::AFFINITY,
+            Path::NodePort => names::AFFINITY_NODEPORT,
+            Path::AddressLocal => names::AFFINITY_LOCAL,
+            Path::NodePortLocal => names::AFFINITY_NODEPORT_LOCAL,
+        }
+    }
+
+    /// Whether the path serves the Local-policy (this node's) endpoint list.
+    fn local(self) -> bool {
+        matches!(self, Path::AddressLocal | Path::NodePortLocal)
+    }
+
+    /// The path whose endpoints a dispatch map's elements send to a `pick` chain, and the kind
+    /// of that chain.
+    fn of_dispatch_map(name: &str) -> Option<(Path, PickKind)> {
+        let [pick, local_pick, nodeport_pick, nodeport_local_pick] = PICK_KINDS;
+        Some(match name {
+            names::SERVICE_IPS | names::EXTERNAL_PICKS => (Path::Address, pick),
+            names::NODEPORT_PICKS => (Path::NodePort, nodeport_pick),
+            names::EXTERNAL_LOCAL_PICKS => (Path::AddressLocal, local_pick),
+            names::NODEPORT_LOCAL_PICKS => (Path::NodePortLocal, nodeport_local_pick),
+            _ => return None,
+        })
+    }
+
     /// The path and slot of a slot endpoint map's name.
     fn slot_of_map(name: &str) -> Option<(Path, usize)> {
-        names::affinity_slot_of_map(name)
-            .map(|i| (Path::Address, i))
-            .or_else(|| names::nodeport_affinity_slot_of_map(name).map(|i| (Path::NodePort, i)))
+        Path::ALL
+            .into_iter()
+            .find_map(|path| names::affinity_slot_of_map(path.prefix(), name).map(|i| (path, i)))
     }
 
     /// The key of the slot maps.
     fn service_key(self) -> Vec<KeyField> {
         match self {
-            Path::Address => vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport],
-            Path::NodePort => vec![KeyField::L4Proto, KeyField::ThDport],
+            Path::Address | Path::AddressLocal => {
+                vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport]
+            }
+            Path::NodePort | Path::NodePortLocal => vec![KeyField::L4Proto, KeyField::ThDport],
         }
     }
 
@@ -256,6 +321,8 @@ impl Path {
         match self {
             Path::Address => "service . protocol . port",
             Path::NodePort => "protocol . NodePort",
+            Path::AddressLocal => "external address . protocol . port",
+            Path::NodePortLocal => "protocol . NodePort",
         }
     }
 
@@ -264,58 +331,60 @@ impl Path {
         match self {
             Path::Address => "",
             Path::NodePort => "NodePort ",
+            Path::AddressLocal => "Local-policy external ",
+            Path::NodePortLocal => "Local-policy NodePort ",
+        }
+    }
+
+    /// What the endpoints are, for comments.
+    fn endpoints(self) -> &'static str {
+        if self.local() {
+            "local endpoint"
+        } else {
+            "endpoint"
         }
     }
 
     fn slot_set(self, i: usize) -> String {
-        match self {
-            Path::Address => names::affinity_slot_set(i),
-            Path::NodePort => names::nodeport_affinity_slot_set(i),
-        }
+        names::affinity_slot_set(self.prefix(), i)
     }
 
     fn slot_map(self, i: usize) -> String {
-        match self {
-            Path::Address => names::affinity_slot_map(i),
-            Path::NodePort => names::nodeport_affinity_slot_map(i),
-        }
+        names::affinity_slot_map(self.prefix(), i)
     }
 
     fn slot_chains_map(self, i: usize) -> String {
-        match self {
-            Path::Address => names::affinity_slot_chains_map(i),
-            Path::NodePort => names::nodeport_affinity_slot_chains_map(i),
-        }
+        names::affinity_slot_chains_map(self.prefix(), i)
     }
 
     fn slot_chain(self, timeout: u32, i: usize) -> String {
-        match self {
-            Path::Address => names::affinity_slot_chain(timeout, i),
-            Path::NodePort => names::nodeport_affinity_slot_chain(timeout, i),
-        }
+        names::affinity_slot_chain(self.prefix(), timeout, i)
     }
 
     fn random_map(self, k: usize) -> String {
-        match self {
-            Path::Address => names::affinity_random_map(k),
-            Path::NodePort => names::nodeport_affinity_random_map(k),
-        }
+        names::affinity_random_map(self.prefix(), k)
     }
 
     fn dense_pick_chain(self, timeout: u32, k: usize) -> String {
-        match self {
-            Path::Address => names::affinity_dense_pick_chain(timeout, k),
-            Path::NodePort => names::nodeport_affinity_dense_pick_chain(timeout, k),
-        }
+        names::affinity_dense_pick_chain(self.prefix(), timeout, k)
     }
 
     fn pick_chain(self, k: usize, n: usize) -> String {
-        match self {
-            Path::Address => names::affinity_pick_chain(k, n),
-            Path::NodePort => names::nodeport_affinity_pick_chain(k, n),
-        }
+        names::affinity_pick_chain(self.prefix(), k, n)
     }
 }
+
+/// A kind of `pick` chain: the prefix of its name (before `k`), and the name of its map.
+type PickKind = (&'static str, fn(usize) -> String);
+
+/// The `pick` chains that affinity replaces: cluster-wide and Local-policy lists of service
+/// addresses and NodePorts.
+const PICK_KINDS: [PickKind; 4] = [
+    ("pick-", names::pick_map),
+    ("local-pick-", names::local_pick_map),
+    ("nodeport-pick-", names::nodeport_pick_map),
+    ("nodeport-local-pick-", names::nodeport_local_pick_map),
+];
 
 /// The endpoint count `k` of a `goto <prefix><k>` verdict.
 fn pick_count(data: &Option<ElemData>, prefix: &str) -> Option<usize> {
@@ -386,23 +455,16 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, hints: &Hints) {
     // Pass 1: find the dispatch elements of affinity service ports.
     let mut jobs = Vec::new();
     for (si, s) in table.sets.iter().enumerate() {
-        // The maps whose elements send a service port to its cluster-wide `pick-<k>`: ClusterIPs
-        // in `service-ips`, external and LB IPs in `external-picks`, NodePorts in
-        // `nodeport-picks` (Local-policy local endpoints are not pinned).
-        let path = if s.name == names::NODEPORT_PICKS {
-            Path::NodePort
-        } else if s.name == names::SERVICE_IPS || s.name == names::EXTERNAL_PICKS {
-            Path::Address
-        } else {
+        // The maps whose elements send a service port to a `pick-<k>` chain: ClusterIPs in
+        // `service-ips`, external and LB IPs in `external-picks` (cluster-wide endpoints) and
+        // `external-local-picks` (Local policy), NodePorts in `nodeport-picks` and
+        // `nodeport-local-picks`.
+        let Some((path, (prefix, map))) = Path::of_dispatch_map(&s.name) else {
             continue;
         };
         for (ei, e) in s.elements.iter().enumerate() {
             let Some(timeout) = timeout_of(&e.origin) else {
                 continue;
-            };
-            let (prefix, map): (&str, fn(usize) -> String) = match path {
-                Path::Address => ("pick-", names::pick_map),
-                Path::NodePort => ("nodeport-pick-", names::nodeport_pick_map),
             };
             let Some(k) = pick_count(&e.data, prefix) else {
                 continue;
@@ -467,7 +529,8 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, hints: &Hints) {
         }
         let k = eps.len();
         let addrs: Vec<SocketAddr> = eps.iter().map(|(a, _)| *a).collect();
-        let previous = ServiceKey::from_atoms(&job.key).and_then(|key| hints.slots(&key));
+        let previous =
+            ServiceKey::from_atoms(&job.key, job.path.local()).and_then(|key| hints.slots(&key));
         let assigned = assign_slots(&addrs, previous);
         // The k endpoints are numbered 0..k exactly when the highest slot is k-1.
         let n = assigned.iter().map(|s| s + 1).max().unwrap_or(k);
@@ -556,11 +619,12 @@ impl Slots {
     fn add_objects(mut self, path: Path, table: &mut Table) {
         let what = path.what();
         let traffic = path.traffic();
+        let eps = path.endpoints();
         let slot_count = self.ranges.values().copied().max().unwrap_or(0);
         for i in 0..slot_count {
             let mut pins = set(
                 &path.slot_set(i),
-                &format!("client . {what} pinned to endpoint slot {i}"),
+                &format!("client . {what} pinned to {eps} slot {i}"),
                 path.pin_key(),
                 None,
                 Vec::new(),
@@ -570,7 +634,7 @@ impl Slots {
             table.sets.push(pins);
             table.sets.push(set(
                 &path.slot_map(i),
-                &format!("{what} to the endpoint in slot {i} (ClientIP affinity)"),
+                &format!("{what} to the {eps} in slot {i} (ClientIP affinity)"),
                 path.service_key(),
                 Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
                 self.endpoints.remove(&i).unwrap_or_default(),
@@ -580,7 +644,7 @@ impl Slots {
             }
             table.sets.push(set(
                 &path.slot_chains_map(i),
-                &format!("{what} with an endpoint in slot {i}: the slot chain for its timeout"),
+                &format!("{what} with an {eps} in slot {i}: the slot chain for its timeout"),
                 path.service_key(),
                 Some(SetData::Verdict),
                 self.chains.remove(&i).unwrap_or_default(),
@@ -603,7 +667,7 @@ impl Slots {
                 table.chains.push(chain(
                     &path.slot_chain(timeout, i),
                     &format!(
-                        "pin the {traffic}client to endpoint slot {i} for {timeout}s, DNAT to it"
+                        "pin the {traffic}client to {eps} slot {i} for {timeout}s, DNAT to it"
                     ),
                     None,
                     vec![
@@ -626,8 +690,8 @@ impl Slots {
             table.chains.push(chain(
                 &path.dense_pick_chain(timeout, k),
                 &format!(
-                    "{traffic}ClientIP affinity, {k} endpoints: the client's pinned slot, else \
-                     one at random"
+                    "{traffic}ClientIP affinity, {k} {eps}s: the client's pinned slot, else one \
+                     at random"
                 ),
                 None,
                 dense_pick_rules(path, timeout, k),
@@ -638,7 +702,7 @@ impl Slots {
             table.chains.push(chain(
                 &path.pick_chain(k, n),
                 &format!(
-                    "{traffic}ClientIP affinity, {k} endpoints in slots below {n}: the client's \
+                    "{traffic}ClientIP affinity, {k} {eps}s in slots below {n}: the client's \
                      pinned slot while occupied, else one at random"
                 ),
                 None,
@@ -709,7 +773,8 @@ fn pick_rules(path: Path, k: usize, n: usize) -> Vec<Vec<Stmt>> {
     rules
 }
 
-/// Removes `pick-<k>`/`nodeport-pick-<k>` chains and maps that affinity emptied and nothing
+/// Removes `pick-<k>`, `local-pick-<k>`, `nodeport-pick-<k>` and `nodeport-local-pick-<k>`
+/// chains and maps that affinity emptied and nothing
 /// references any more, so the table shows only what is in use.
 fn drop_unused_picks(table: &mut Table) {
     let referenced: BTreeSet<String> = table
@@ -723,13 +788,12 @@ fn drop_unused_picks(table: &mut Table) {
         .collect();
     let mut gone_maps = BTreeSet::new();
     table.chains.retain(|c| {
-        let map = if let Some(k) = c.name.strip_prefix("nodeport-pick-") {
-            k.parse().ok().map(names::nodeport_pick_map)
-        } else if let Some(k) = c.name.strip_prefix("pick-") {
-            k.parse().ok().map(names::pick_map)
-        } else {
-            None
-        };
+        let map = PICK_KINDS.iter().find_map(|(prefix, map)| {
+            c.name
+                .strip_prefix(prefix)
+                .and_then(|k| k.parse().ok())
+                .map(map)
+        });
         let Some(map) = map else {
             return true;
         };

@@ -269,7 +269,9 @@ fn slots_survive_the_kernel_form_when_endpoints_go_and_come() {
 fn the_random_map_points_at_the_present_endpoints_only() {
     let first = build(&state(&[A, B, C]), &settings());
     let second = build_with(&state(&[B, C]), &settings(), &hints_of(&first));
-    let random = v4(&second).set(&names::affinity_random_map(2)).unwrap();
+    let random = v4(&second)
+        .set(&names::affinity_random_map(names::AFFINITY, 2))
+        .unwrap();
     let mut key = cluster_key();
     let mut targets = Vec::new();
     for index in 0..2 {
@@ -352,7 +354,9 @@ fn a_pinned_client_stays_on_its_endpoint_and_a_stale_pin_is_dropped() {
     assert_eq!(again.dnat_targets(), [sock(B), sock(C)]);
     for branch in &again.branches {
         let target = branch.dnat.as_ref().unwrap().target;
-        let slot0 = branch.dynamic.get(&names::affinity_slot_set(0));
+        let slot0 = branch
+            .dynamic
+            .get(&names::affinity_slot_set(names::AFFINITY, 0));
         assert!(
             slot0.is_none_or(|pins| pins.is_empty()),
             "the stale pin of A survived: {slot0:?}"
@@ -385,6 +389,7 @@ fn hints_are_read_for_the_services_asked_for() {
         addr: Some(ip(addr)),
         proto: Protocol::Tcp,
         port,
+        local: false,
     };
     assert_eq!(
         all.slots(&key("203.0.113.20", 80)),
@@ -400,6 +405,7 @@ fn hints_are_read_for_the_services_asked_for() {
         addr: None,
         proto: Protocol::Tcp,
         port: 30080,
+        local: false,
     };
     assert_eq!(
         all.slots(&node_port),
@@ -454,4 +460,148 @@ fn with_every_address_answering_node_ports_a_client_is_pinned_whichever_address_
         connect_on(&second, &node, "192.0.2.11:30080", &on_a).dnat_targets(),
         [sock(B), sock(C)]
     );
+}
+
+/// LB IP of [`local_state`].
+const LB: &str = "203.0.113.120";
+
+/// shop/web of [`state`] with `externalTrafficPolicy: Local` and the LoadBalancer IP [`LB`]:
+/// the IPv4 `endpoints` run on node-a (this node) but for `remote`, which runs on node-b.
+fn local_state(endpoints: &[&str], remote: &str) -> ClusterState {
+    let mut all: Vec<&str> = endpoints.to_vec();
+    all.push(remote);
+    let mut st = state(&all);
+    for svc in st.services.values_mut() {
+        svc.external_traffic_policy = TrafficPolicy::Local;
+        svc.load_balancer_ips = vec![ip(LB)];
+        svc.health_check_node_port = Some(30999);
+    }
+    for slice in st.slices.values_mut() {
+        for ep in &mut slice.endpoints {
+            if endpoints.iter().any(|local| sock(local).ip() == ep.addr) {
+                ep.node_name = Some("node-a".into());
+            }
+        }
+    }
+    st
+}
+
+/// The slot of each endpoint of `key` in the slot maps of the path named by `prefix` only.
+fn slots_in(table: &Table, prefix: &str, key: &[Atom]) -> BTreeMap<SocketAddr, usize> {
+    let mut out = BTreeMap::new();
+    for set in &table.sets {
+        let Some(slot) = names::affinity_slot_of_map(prefix, &set.name) else {
+            continue;
+        };
+        for e in set.elements.iter().filter(|e| e.key == key) {
+            if let Some(ElemData::Value(v)) = &e.data
+                && let [Atom::Addr(a), Atom::Port(p)] = v.as_slice()
+            {
+                out.insert(SocketAddr::new(*a, *p), slot);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn local_policy_lists_have_their_own_slots_kept_across_changes() {
+    let lb = svc(LB, 80);
+    let first = build(&local_state(&[A, B, D], C), &settings());
+    let t = v4(&first);
+    // Outside traffic: the local endpoints in slots of their own, sorted (D, A, B).
+    let local = slots(&[(D, 0), (A, 1), (B, 2)]);
+    assert_eq!(slots_in(t, names::AFFINITY_LOCAL, &lb), local);
+    assert_eq!(
+        slots_in(t, names::AFFINITY_NODEPORT_LOCAL, &np(30080)),
+        local
+    );
+    assert_eq!(
+        verdict_of(t, names::EXTERNAL_LOCAL_PICKS, &lb),
+        "affinity-local-10800s-pick-3"
+    );
+    assert_eq!(
+        verdict_of(t, names::NODEPORT_LOCAL_PICKS, &np(30080)),
+        "affinity-nodeport-local-10800s-pick-3"
+    );
+    // Pods and the node itself still use the cluster-wide list, C included.
+    let cluster = slots(&[(D, 0), (A, 1), (B, 2), (C, 3)]);
+    assert_eq!(slots_in(t, names::AFFINITY, &lb), cluster);
+    assert_eq!(slots_in(t, names::AFFINITY_NODEPORT, &np(30080)), cluster);
+    // No Local-policy pick chain or map is left unused.
+    assert!(!t.sets.iter().any(|s| s.name.contains("local-pick-")));
+    assert!(
+        !t.chains.iter().any(
+            |c| c.name.starts_with("local-pick-") || c.name.starts_with("nodeport-local-pick-")
+        )
+    );
+
+    // The hints keep the two lists apart.
+    let hints = hints_of(&first);
+    let key = |local| ServiceKey {
+        addr: Some(ip(LB)),
+        proto: Protocol::Tcp,
+        port: 80,
+        local,
+    };
+    assert_eq!(hints.slots(&key(true)), Some(&local));
+    assert_eq!(hints.slots(&key(false)), Some(&cluster));
+
+    // D goes: A and B keep their local slots, on the sparse chain.
+    let second = build_with(&local_state(&[A, B], C), &settings(), &hints);
+    let t = v4(&second);
+    assert_eq!(
+        slots_in(t, names::AFFINITY_LOCAL, &lb),
+        slots(&[(A, 1), (B, 2)])
+    );
+    assert_eq!(
+        verdict_of(t, names::EXTERNAL_LOCAL_PICKS, &lb),
+        "affinity-local-pick-2-in-3"
+    );
+    assert_eq!(
+        verdict_of(t, names::NODEPORT_LOCAL_PICKS, &np(30080)),
+        "affinity-nodeport-local-pick-2-in-3"
+    );
+}
+
+#[test]
+fn an_outside_client_of_a_local_policy_service_stays_on_its_local_endpoint() {
+    let first = build(&local_state(&[A, B, D], C), &settings());
+    let second = build_with(&local_state(&[A, B], C), &settings(), &hints_of(&first));
+    let none = DynamicSets::new();
+    for dst in ["203.0.113.120:80", "192.0.2.11:30080"] {
+        // A new outside client: any local endpoint, never C, and its address is kept.
+        let t = connect(&first, dst, &none);
+        assert_eq!(t.dnat_targets(), [sock(D), sock(A), sock(B)], "{dst}");
+        assert_eq!(t.masqueraded(), Some(false), "{dst}");
+        for target in [A, B, D] {
+            let pinned = pins_after(&t, target);
+            let again = connect(&first, dst, &pinned);
+            assert_eq!(again.dnat_targets(), [sock(target)], "{dst}");
+            assert_eq!(again.masqueraded(), Some(false), "{dst}");
+            // The pin is in the Local-policy sets only.
+            assert!(
+                pinned
+                    .iter()
+                    .filter(|(_, pins)| !pins.is_empty())
+                    .all(|(name, _)| name.starts_with("affinity-local-")
+                        || name.starts_with("affinity-nodeport-local-")),
+                "{dst}: {pinned:?}"
+            );
+        }
+        // Pinned to B, it stays on B when D goes.
+        let on_b = pins_after(&t, B);
+        assert_eq!(
+            connect(&second, dst, &on_b).dnat_targets(),
+            [sock(B)],
+            "{dst}"
+        );
+        // Pinned to D, which went: picked anew among the local endpoints left.
+        let on_d = pins_after(&t, D);
+        assert_eq!(
+            connect(&second, dst, &on_d).dnat_targets(),
+            [sock(A), sock(B)],
+            "{dst}"
+        );
+    }
 }
