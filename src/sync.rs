@@ -252,15 +252,10 @@ impl<K: Kernel> Syncer<K> {
                     outcome.drift_repaired = true;
                     outcome.drift_families.push(family);
                 }
-                rep.elements_added += plan.elements_added();
-                rep.elements_removed += plan.elements_removed();
-                rep.chains_rewritten += plan.chains_rewritten();
+                rep.count_plan(&plan);
                 let st = self.kernel.apply(&plan)?;
                 self.continue_generation_chain(st.generation);
-                rep.messages += st.messages;
-                rep.bytes += st.bytes;
-                rep.encode += st.encode;
-                rep.kernel += st.kernel;
+                rep.count_apply(&st);
             }
             drop(plan);
             self.applied.insert(family, Some(want));

@@ -182,6 +182,24 @@ pub struct SyncReport {
     pub kernel: Duration,
 }
 
+impl SyncReport {
+    /// Counts what `plan` changes (before it is sent).
+    pub fn count_plan(&mut self, plan: &Plan<'_>) {
+        self.elements_added += plan.elements_added();
+        self.elements_removed += plan.elements_removed();
+        self.chains_rewritten += plan.chains_rewritten();
+        self.tables_claimed += plan.tables_claimed();
+    }
+
+    /// Counts what sending a plan cost.
+    pub fn count_apply(&mut self, st: &ApplyStats) {
+        self.messages += st.messages;
+        self.bytes += st.bytes;
+        self.encode += st.encode;
+        self.kernel += st.kernel;
+    }
+}
+
 impl fmt::Display for SyncReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -266,15 +284,9 @@ fn apply_tables(
             rep.empty_plans += 1;
             continue;
         }
-        rep.elements_added += plan.elements_added();
-        rep.elements_removed += plan.elements_removed();
-        rep.chains_rewritten += plan.chains_rewritten();
-        rep.tables_claimed += plan.tables_claimed();
+        rep.count_plan(&plan);
         let st = kernel.apply(&plan)?;
-        rep.messages += st.messages;
-        rep.bytes += st.bytes;
-        rep.encode += st.encode;
-        rep.kernel += st.kernel;
+        rep.count_apply(&st);
     }
     Ok(())
 }

@@ -163,6 +163,15 @@ pub struct Msg<'a> {
     pub payload: &'a [u8],
 }
 
+impl Msg<'_> {
+    /// The error code of an `NLMSG_ERROR` message (0 for an ack, `-errno` for an error).
+    pub fn error_code(&self) -> Option<i32> {
+        self.payload
+            .get(..4)
+            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
 /// Splits a received datagram into messages.
 pub fn messages(data: &[u8]) -> impl Iterator<Item = Msg<'_>> {
     let mut pos = 0usize;

@@ -620,11 +620,7 @@ impl NetlinkKernel {
                 if m.ty != NLMSG_ERROR {
                     continue;
                 }
-                let Some(code) = m
-                    .payload
-                    .get(..4)
-                    .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                else {
+                let Some(code) = m.error_code() else {
                     continue;
                 };
                 // The echoed request header tells which message failed.
@@ -729,11 +725,7 @@ impl NetlinkKernel {
                 match m.ty {
                     NLMSG_DONE => done = true,
                     NLMSG_ERROR => {
-                        let code = m
-                            .payload
-                            .get(..4)
-                            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                            .unwrap_or(0);
+                        let code = m.error_code().unwrap_or(0);
                         if code == -nix::libc::ENOENT {
                             return Ok(None);
                         }
@@ -1168,11 +1160,7 @@ impl Kernel for NetlinkKernel {
                         }
                     }
                 } else if m.ty == NLMSG_ERROR {
-                    let code = m
-                        .payload
-                        .get(..4)
-                        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                        .unwrap_or(0);
+                    let code = m.error_code().unwrap_or(0);
                     if code != 0 {
                         return Err(NftError::Io {
                             context: "read the ruleset generation".into(),
@@ -1341,11 +1329,7 @@ impl NetlinkKernel {
                 if m.ty != NLMSG_ERROR {
                     continue;
                 }
-                let code = m
-                    .payload
-                    .get(..4)
-                    .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-                    .unwrap_or(0);
+                let code = m.error_code().unwrap_or(0);
                 if code == 0 {
                     continue;
                 }

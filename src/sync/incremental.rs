@@ -353,16 +353,11 @@ impl<K: Kernel> Syncer<K> {
                 rep.empty_plans += 1;
                 continue;
             }
-            rep.elements_added += plan.elements_added();
-            rep.elements_removed += plan.elements_removed();
-            rep.chains_rewritten += plan.chains_rewritten();
+            rep.count_plan(&plan);
             match self.kernel.apply(&plan) {
                 Ok(st) => {
                     self.continue_generation_chain(st.generation);
-                    rep.messages += st.messages;
-                    rep.bytes += st.bytes;
-                    rep.encode += st.encode;
-                    rep.kernel += st.kernel;
+                    rep.count_apply(&st);
                 }
                 Err(e) => {
                     // A family applied before this one is patched in the kernel but not in
