@@ -949,7 +949,7 @@ fn a_verification_reads_the_kernel_back_only_when_someone_else_committed() {
     // Someone deletes our IPv4 table: the next verification rebuilds and repairs it.
     let key = (IpFamily::V4, "nodeproxy".to_string());
     let before = h.writer.syncer.kernel().inner.tables[&key].clone();
-    h.writer.syncer.kernel().inner.tables.remove(&key);
+    h.writer.syncer.kernel().inner.tables_mut().remove(&key);
     let repaired = h.writer.handle(Work::Verify).unwrap();
     assert_eq!(repaired.kind, SyncKind::Full);
     assert!(repaired.outcome.full, "read back");

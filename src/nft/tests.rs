@@ -295,7 +295,7 @@ fn table_flags_update_agrees_with_the_kernel_rules() {
             let mut k = FakeKernel::new();
             let mut w = WireTable::new(IpFamily::V4, "nodeproxy");
             w.flags = cur;
-            k.tables.insert((IpFamily::V4, "nodeproxy".into()), w);
+            k.tables_mut().insert((IpFamily::V4, "nodeproxy".into()), w);
             let plan = Plan {
                 family: IpFamily::V4,
                 table: "nodeproxy".into(),
@@ -418,7 +418,7 @@ fn an_owned_table_without_persist_vanishes_with_its_owner() {
     let mut k = FakeKernel::new();
     let mut w = WireTable::new(IpFamily::V4, "nodeproxy");
     w.flags = TABLE_F_OWNER;
-    k.tables.insert((IpFamily::V4, "nodeproxy".into()), w);
+    k.tables_mut().insert((IpFamily::V4, "nodeproxy".into()), w);
     k.owner_exits();
     assert!(k.read_table(IpFamily::V4, "nodeproxy").unwrap().is_none());
 }

@@ -1232,7 +1232,13 @@ fn the_kernel_is_known_unchanged_exactly_while_only_we_commit() {
     assert!(syncer.kernel_unchanged().unwrap());
     // Someone else changes our table: no longer known, until a verifying sync repairs it.
     let key = (IpFamily::V4, "nodeproxy".to_string());
-    syncer.kernel().tables.get_mut(&key).unwrap().chains.clear();
+    syncer
+        .kernel()
+        .tables_mut()
+        .get_mut(&key)
+        .unwrap()
+        .chains
+        .clear();
     assert!(!syncer.kernel_unchanged().unwrap());
     assert!(!syncer.kernel_unchanged().unwrap(), "it stays unknown");
     let repaired = syncer.sync(&st, &settings(), true).unwrap();
@@ -1247,7 +1253,7 @@ fn the_kernel_is_known_unchanged_exactly_while_only_we_commit() {
         .clone();
     syncer
         .kernel()
-        .tables
+        .tables_mut()
         .get_mut(&key)
         .unwrap()
         .chains
