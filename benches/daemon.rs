@@ -378,9 +378,11 @@ fn run() {
     std::thread::sleep(Duration::from_secs(5));
     println!("quiet: cpu {:.2} s over 5 s", cpu_seconds(pid) - cpu1);
     println!(
-        "memory: VmHWM {}, VmRSS {}",
+        "memory: VmHWM {}, VmRSS {} (RssAnon {}, RssFile {})",
         status_field(pid, "VmHWM:"),
-        status_field(pid, "VmRSS:")
+        status_field(pid, "VmRSS:"),
+        status_field(pid, "RssAnon:"),
+        status_field(pid, "RssFile:")
     );
     // The daemon's own account of its syncs (info lines: syncs that changed something).
     let text = std::fs::read_to_string(&log).unwrap_or_default();
