@@ -14,7 +14,7 @@ use nodeproxy::source;
 /// jemalloc instead of glibc's malloc: it hands freed pages back to the OS (after the decay
 /// set in `.cargo/config.toml`), so the daemon's resident memory follows its live heap. With
 /// glibc the start-up sync's peak stayed resident: VmRSS 193 MiB under churn at 10k Services ×
-/// 10 endpoints, against 79 MiB with jemalloc (docs/performance.md).
+/// 10 endpoints, against 77 MiB with jemalloc (docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
