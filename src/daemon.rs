@@ -779,13 +779,7 @@ impl<K: Kernel> Writer<K> {
         let mut families = std::mem::take(&mut self.conntrack_retry);
         families.extend(done.delta.udp_families.iter().copied());
         let conntrack_deleted = self.reconcile_conntrack(&families);
-        let no_local = FAMILIES
-            .into_iter()
-            .map(|f| {
-                let (i, e) = self.caches.no_local(f);
-                (f, i, e)
-            })
-            .collect();
+        let no_local = self.no_local();
         Ok(Synced {
             outcome: done.outcome,
             kind: done.kind,
@@ -820,15 +814,20 @@ impl<K: Kernel> Writer<K> {
             kind: SyncKind::Partial,
             rebuilt: 0,
             state: ClusterState::default(),
-            no_local: FAMILIES
-                .into_iter()
-                .map(|f| {
-                    let (i, e) = self.caches.no_local(f);
-                    (f, i, e)
-                })
-                .collect(),
+            no_local: self.no_local(),
             conntrack_deleted,
         }
+    }
+
+    /// Per family: (internal, external) Local-policy Service ports without local endpoints.
+    fn no_local(&self) -> Vec<(IpFamily, usize, usize)> {
+        FAMILIES
+            .into_iter()
+            .map(|f| {
+                let (i, e) = self.caches.no_local(f);
+                (f, i, e)
+            })
+            .collect()
     }
 
     /// Serves the health-check node ports on `addrs`. The wanted ports are passed to the servers
