@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit, golden, kernel and traffic tests. Kernel and
-# traffic tests create their own network namespaces and need root; without root they fail
-# loudly rather than skip.
+# The whole test suite, as root on Debian: formatting and lints; every release artifact built
+# (scripts/dist.sh); unit, golden, kernel, traffic and image tests (cargo test); then the
+# artifacts installed and run (scripts/test-dist.sh: the DEB under a real systemd, the RPM, the
+# image). Kernel and traffic tests create their own network namespaces and need root; without
+# root they fail loudly rather than skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
 if [ "$(id -u)" -ne 0 ]; then
-    echo "test.sh: kernel and traffic tests need root (network namespaces); run with sudo" >&2
+    echo "test.sh: kernel, traffic and package tests need root (network namespaces, chroot, systemd-nspawn)" >&2
     exit 1
 fi
+scripts/setup.sh --dist
 cargo fmt --check
-cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --all-features -- -D warnings
+scripts/dist.sh
 cargo test --all-features
+scripts/test-dist.sh

@@ -1709,6 +1709,55 @@ pub fn render_effective(config: &Config, provenance: &Provenance) -> String {
     out
 }
 
+/// The packaged `/etc/nodeproxy/config.toml`: every setting commented out at its default, under
+/// its `--help` text. Built from the same field list, defaults and value rendering as
+/// `--print-config`, and the help from the clap definition, so the file cannot drift from the
+/// binary it ships with. Uncommented as a whole, it loads back to the defaults (tested).
+pub fn render_default_file() -> String {
+    use clap::CommandFactory as _;
+    let command = crate::cli::Cli::command();
+    let defaults = Config::default();
+    let mut out = String::from(
+        "# nodeproxy configuration (TOML). Every setting is shown commented out at its default.\n\
+         # Precedence: command-line flag > NODEPROXY_* environment variable > this file > default;\n\
+         # `nodeproxy --print-config` shows each effective value and where it came from.\n\
+         # Unknown keys are errors.\n",
+    );
+    for field in Field::ALL {
+        let help = command
+            .get_arguments()
+            .find(|arg| arg.get_id().as_str() == field.key())
+            .and_then(|arg| arg.get_long_help().or_else(|| arg.get_help()))
+            .map(|help| help.to_string())
+            .unwrap_or_default();
+        out.push('\n');
+        for line in wrap_words(&help, 96) {
+            let _ = writeln!(out, "# {line}");
+        }
+        let _ = writeln!(out, "#{} = {}", field.key(), render_value(&defaults, field));
+    }
+    out
+}
+
+/// `text`'s words in lines of at most `width` characters (a longer word stands alone).
+fn wrap_words(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
 /// Warnings for cluster CIDRs that contain ClusterIPs: a sign that the service network was
 /// given where the pod network belongs (DESIGN.md §1).
 ///
@@ -2063,6 +2112,40 @@ mod tests {
         for case in CASES {
             assert_eq!(render_value(&loaded.config, case.field), case.default_value);
         }
+    }
+
+    #[test]
+    fn the_packaged_default_file_loads_as_is_and_uncommented_to_the_defaults() {
+        let text = render_default_file();
+        assert_eq!(ok(&[], &[], Some(&text)).config, Config::default());
+        // Every setting is there, commented out, under its help text.
+        let uncommented: String = text
+            .lines()
+            .map(|line| match line.strip_prefix('#') {
+                Some(rest)
+                    if Field::ALL
+                        .iter()
+                        .any(|f| rest.starts_with(&format!("{} = ", f.key()))) =>
+                {
+                    rest
+                }
+                _ => line,
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        for field in Field::ALL {
+            assert!(
+                uncommented.contains(&format!("\n{} = ", field.key())),
+                "{} missing:\n{text}",
+                field.key()
+            );
+        }
+        let loaded = ok(&[], &[], Some(&uncommented));
+        assert_eq!(loaded.config, Config::default());
+        assert!(
+            text.contains("# The packet mark bit"),
+            "help text missing:\n{text}"
+        );
     }
 
     #[test]
