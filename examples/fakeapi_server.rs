@@ -9,7 +9,7 @@
 //! an empty file `hold-services` (or `-endpointslices`, `-nodes`) makes lists and watches of
 //! that kind wait, `release-services` lets them go.
 
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #[path = "../tests/fakeapi/mod.rs"]
 mod fakeapi;
 
