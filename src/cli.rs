@@ -50,11 +50,22 @@ s, m, h), or 0.
 
 Exit status: 0 ok, 1 runtime failure, 2 usage or configuration error.";
 
+/// What `--version` prints after the name: the version, the git commit and the target it was
+/// built for (recorded by `build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("NODEPROXY_GIT_COMMIT"),
+    ", ",
+    env!("NODEPROXY_TARGET"),
+    ")"
+);
+
 /// `nodeproxy [OPTIONS]`: the raw command line, before merging with environment and file.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "nodeproxy",
-    version,
+    version = VERSION,
     about = "kube-proxy replacement that programs nftables over netlink",
     after_help = AFTER_HELP,
     group(ArgGroup::new("mode").multiple(false))

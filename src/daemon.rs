@@ -47,6 +47,7 @@ use crate::model::{ClusterState, IpFamily, ServiceName};
 use crate::nft::owner::{self, TakeOver};
 use crate::nft::probe::{self, Missing};
 use crate::nft::{Kernel, NetlinkKernel, NftError};
+use crate::notify::{self, Progress};
 use crate::ruleset::Settings;
 use crate::source::Loaded;
 use crate::source::watch::{self, Changes, ClusterWatch, WatchError};
@@ -310,7 +311,19 @@ async fn run_async(
         )));
     }
 
+    // The watchdog reads the writer's progress (see `notify`); started before the first sync so
+    // that a hang in it is caught too.
+    let progress = Progress::default();
+    let watchdog = notify::watchdog_interval(&|name| std::env::var(name).ok()).map(|interval| {
+        tracing::info!(
+            "systemd watchdog: pinging every {:.1} s while the sync thread makes progress",
+            interval.as_secs_f64() / 2.0
+        );
+        tokio::spawn(notify::watchdog(progress.clone(), interval))
+    });
+
     tracing::info!(node = %settings.node_name, "waiting for the API server's Services, EndpointSlices and Node before programming anything");
+    notify::status("waiting for the API server's Services, EndpointSlices and Node");
     let ready = tokio::select! {
         () = cluster.ready() => true,
         () = stopped(shutdown_rx.clone()) => false,
@@ -319,13 +332,15 @@ async fn run_async(
         tracing::info!("the watches have listed; programming the kernel");
         let (tx, rx) = mpsc::channel::<Request>();
         let reader = cluster.reader();
-        let writer = Writer::new(
+        let mut writer = Writer::new(
             Syncer::new(kernel),
             settings.clone(),
             health.clone(),
             Handle::current(),
             Box::new(move || reader.snapshot()),
         );
+        writer.progress = progress;
+        writer.hang_switch = std::env::var_os(notify::HANG_WRITER_ENV).map(Into::into);
         let thread = std::thread::Builder::new()
             .name("nodeproxy-sync".into())
             .spawn(move || writer.serve(rx))
@@ -352,8 +367,12 @@ async fn run_async(
         }
         result
     } else {
+        notify::stopping();
         Ok(())
     };
+    if let Some(watchdog) = watchdog {
+        watchdog.abort();
+    }
     drop(cluster);
     for s in servers {
         let _ = s.await;
@@ -512,13 +531,19 @@ async fn sync_loop(
     shutdown: tokio_watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
     let mut schedule = Schedule::new(cfg, Instant::now());
+    // systemd is told READY=1 after the first successful sync, not before: `systemctl start`
+    // then returns once the rules are programmed.
+    let mut notified_ready = false;
     // Changes taken for a sync that failed: they count for the retry.
     let mut carried = Changes::default();
     loop {
         let due = schedule.due(Instant::now());
         tokio::select! {
             biased;
-            () = stopped(shutdown.clone()) => return Ok(()),
+            () = stopped(shutdown.clone()) => {
+                notify::stopping();
+                return Ok(());
+            }
             () = cluster.changed() => {
                 schedule.changed();
                 for f in FAMILIES {
@@ -563,6 +588,13 @@ async fn sync_loop(
             Ok(synced) => {
                 schedule.succeeded(started);
                 record_success(&synced, &changes, health, metrics);
+                let status = format!("last sync {}: {}", jiff::Timestamp::now(), synced.outcome);
+                if notified_ready {
+                    notify::status(&status);
+                } else {
+                    notify::ready(&status);
+                    notified_ready = true;
+                }
             }
             Err(e) => {
                 let delay = schedule.failed(Instant::now());
@@ -570,6 +602,11 @@ async fn sync_loop(
                     "sync failed: {e}; retrying with a full read-back in {:.1} s",
                     delay.as_secs_f64()
                 );
+                notify::status(&format!(
+                    "sync failed at {}: {e}; retrying in {:.1} s",
+                    jiff::Timestamp::now(),
+                    delay.as_secs_f64()
+                ));
                 for f in FAMILIES {
                     metrics.inc_sync_failures(f);
                 }
@@ -688,6 +725,10 @@ struct Writer<K: Kernel> {
     /// When every Service was last rebuilt: a verification that finds the kernel unchanged
     /// still rebuilds everything after [`FULL_REBUILD_PERIOD`].
     last_full_rebuild: Option<Instant>,
+    /// Marked around every job, read by the systemd watchdog (`notify`).
+    progress: Progress,
+    /// The test-only fault switch [`notify::HANG_WRITER_ENV`].
+    hang_switch: Option<std::path::PathBuf>,
 }
 
 impl<K: Kernel> Writer<K> {
@@ -709,12 +750,17 @@ impl<K: Kernel> Writer<K> {
             caches: Caches::default(),
             conntrack_retry: BTreeSet::new(),
             last_full_rebuild: None,
+            progress: Progress::default(),
+            hang_switch: None,
         }
     }
 
     fn serve(mut self, requests: mpsc::Receiver<Request>) {
         while let Ok(req) = requests.recv() {
+            self.progress.busy();
+            notify::hang_if_switched(self.hang_switch.as_deref());
             let result = self.handle(req.work);
+            self.progress.idle();
             // The loop only stops waiting for a reply when the daemon is exiting.
             let _ = req.reply.send(result);
         }

@@ -16,6 +16,7 @@ pub mod lock;
 pub mod metrics;
 pub mod model;
 pub mod nft;
+pub mod notify;
 pub mod ruleset;
 pub mod source;
 pub mod sync;

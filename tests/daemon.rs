@@ -487,3 +487,158 @@ fn the_running_daemon_owns_its_tables_and_the_next_one_takes_them_over() {
         drop(env);
     });
 }
+
+/// A stand-in for systemd's notification socket: what the daemon sends with `NOTIFY_SOCKET`.
+struct NotifySocket {
+    sock: std::os::unix::net::UnixDatagram,
+    path: PathBuf,
+}
+
+impl NotifySocket {
+    fn bind(dir: &std::path::Path) -> NotifySocket {
+        let path = dir.join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        NotifySocket { sock, path }
+    }
+
+    /// Every message received within `window`, in order.
+    fn messages_for(&self, window: Duration) -> Vec<String> {
+        let deadline = Instant::now() + window;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while Instant::now() < deadline {
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+        out
+    }
+
+    /// Messages until one contains `what` (returned last), failing after `limit`.
+    fn until(&self, what: &str, limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::new();
+        while Instant::now() < deadline {
+            for m in self.messages_for(Duration::from_millis(100)) {
+                let found = m.contains(what);
+                seen.push(m);
+                if found {
+                    return seen;
+                }
+            }
+        }
+        panic!("no {what:?} within {limit:?}; received {seen:?}");
+    }
+}
+
+fn pings(messages: &[String]) -> usize {
+    messages
+        .iter()
+        .filter(|m| m.lines().any(|l| l == "WATCHDOG=1"))
+        .count()
+}
+
+#[test]
+fn systemd_is_told_ready_only_once_the_rules_are_programmed_then_status_and_stopping() {
+    in_netns(|| {
+        let env = Env::new("notify");
+        env.populate();
+        env.api.hold(Kind::EndpointSlice);
+        let notify = NotifySocket::bind(&env.dir);
+        let mut d = Daemon::start_with_env(
+            env.api.kubeconfig(),
+            &env.dir,
+            "daemon",
+            &["--hostname-override", NODE],
+            &[
+                ("NOTIFY_SOCKET", notify.path.as_os_str()),
+                ("WATCHDOG_USEC", std::ffi::OsStr::new("1000000")),
+            ],
+        );
+        // The slices are held: the watches cannot list, nothing is programmed, and READY must
+        // not be sent; the watchdog is pinged meanwhile (the writer is not stuck, it waits).
+        let before = notify.messages_for(Duration::from_secs(3));
+        assert!(
+            !before.iter().any(|m| m.contains("READY=1")),
+            "READY before the first sync: {before:?}"
+        );
+        assert!(
+            pings(&before) >= 2,
+            "watchdog pings while waiting: {before:?}"
+        );
+        assert!(table().is_none());
+
+        env.api.release(Kind::EndpointSlice);
+        let got = notify.until("READY=1", PATIENCE);
+        // READY is sent after the transaction: the rules are in the kernel when it arrives.
+        assert!(table_has("10.96.0.10") && table_has("10.244.0.5"));
+        let ready = got.last().unwrap();
+        assert!(
+            ready.contains("STATUS=last sync ") && ready.contains("synced 2 table(s)"),
+            "{ready}"
+        );
+
+        // Each later sync updates STATUS; READY is not repeated.
+        env.api.apply(
+            Kind::EndpointSlice,
+            slice("ns", "web-1", "web", &["10.244.0.6"], 9376),
+        );
+        let later = notify.until("STATUS=last sync", PATIENCE);
+        assert!(!later.iter().any(|m| m.contains("READY=1")), "{later:?}");
+
+        let sent = Command::new("kill")
+            .args(["-TERM", &d.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        notify.until("STOPPING=1", PATIENCE);
+        assert_eq!(d.wait_exit().code(), Some(0), "log:\n{}", d.log());
+    });
+}
+
+#[test]
+fn a_hung_writer_stops_the_watchdog_pings() {
+    in_netns(|| {
+        let env = Env::new("watchdog");
+        env.populate();
+        let notify = NotifySocket::bind(&env.dir);
+        let hang = env.dir.join("hang");
+        let d = Daemon::start_with_env(
+            env.api.kubeconfig(),
+            &env.dir,
+            "daemon",
+            &["--hostname-override", NODE],
+            &[
+                ("NOTIFY_SOCKET", notify.path.as_os_str()),
+                ("WATCHDOG_USEC", std::ffi::OsStr::new("1000000")),
+                (nodeproxy::notify::HANG_WRITER_ENV, hang.as_os_str()),
+            ],
+        );
+        notify.until("READY=1", PATIENCE);
+        let healthy = notify.messages_for(Duration::from_secs(2));
+        assert!(pings(&healthy) >= 2, "pings while healthy: {healthy:?}");
+
+        // The writer hangs at the start of its next job (the periodic verification, every 2 s,
+        // or this change); one watchdog interval later the pings stop.
+        std::fs::write(&hang, b"").unwrap();
+        env.api.apply(
+            Kind::EndpointSlice,
+            slice("ns", "web-1", "web", &["10.244.0.6"], 9376),
+        );
+        wait_until("the writer hangs", PATIENCE, || {
+            d.log().contains("the sync thread hangs")
+        });
+        // Pings sent before the withholding (at most one interval and one tick after the hang)
+        // may still wait in the socket: read them away before watching.
+        notify.messages_for(Duration::from_secs(2));
+        let hung = notify.messages_for(Duration::from_secs(3));
+        assert_eq!(pings(&hung), 0, "pings while the writer hangs: {hung:?}");
+        assert!(
+            d.log().contains("withholding the watchdog ping"),
+            "log:\n{}",
+            d.log()
+        );
+    });
+}

@@ -93,6 +93,17 @@ impl Daemon {
     /// Starts `nodeproxy` against the API server of `kubeconfig`, with its lock file and log in
     /// `dir` (the log named after `name`), plus `args` (node name, CIDRs, …).
     pub fn start(kubeconfig: &Path, dir: &Path, name: &str, args: &[&str]) -> Daemon {
+        Daemon::start_with_env(kubeconfig, dir, name, args, &[])
+    }
+
+    /// [`Daemon::start`] with extra environment variables.
+    pub fn start_with_env(
+        kubeconfig: &Path,
+        dir: &Path,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Daemon {
         let log = dir.join(format!("{name}.log"));
         let (healthz, metrics) = (free_port(), free_port());
         let child = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
@@ -105,6 +116,7 @@ impl Daemon {
             .args(["--metrics-bind-address", &format!("127.0.0.1:{metrics}")])
             .args(["--sync-period", "2s", "--min-sync-period", "100ms"])
             .env("NODEPROXY_LOG", "nodeproxy=debug")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
