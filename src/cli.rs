@@ -194,7 +194,7 @@ pub struct Cli {
     pub sync_period: Option<String>,
 
     /// The file locked so that only one nodeproxy runs on the node.
-    /// [env: NODEPROXY_LOCK_FILE] [default: /run/nodeproxy.lock]
+    /// [env: NODEPROXY_LOCK_FILE] [default: /run/nodeproxy/nodeproxy.lock]
     #[arg(long, value_name = "PATH", global = true)]
     pub lock_file: Option<OsString>,
 

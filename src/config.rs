@@ -83,7 +83,10 @@ pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
 /// `--sync-period` default.
 pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// `--lock-file` default.
-pub const DEFAULT_LOCK_FILE: &str = "/run/nodeproxy.lock";
+/// In a directory of its own: the systemd unit's `RuntimeDirectory=nodeproxy` (the unit's
+/// sandbox makes the rest of /run read-only) and the DaemonSet's hostPath, so a pod and a
+/// unit on one node lock the same file.
+pub const DEFAULT_LOCK_FILE: &str = "/run/nodeproxy/nodeproxy.lock";
 
 impl Default for Config {
     fn default() -> Config {
@@ -2013,7 +2016,7 @@ mod tests {
             env_value: "\"/env.lock\"",
             file: "lock_file = \"/file.lock\"",
             file_value: "\"/file.lock\"",
-            default_value: "\"/run/nodeproxy.lock\"",
+            default_value: "\"/run/nodeproxy/nodeproxy.lock\"",
         },
         Case {
             field: Field::CleanupKubeProxy,
@@ -2677,10 +2680,13 @@ mod tests {
         assert_eq!(loaded.config.kubeconfig, None);
         let message = err(&[], &[], Some("lock_file = \"\""));
         assert!(message.contains("lock_file"), "{message}");
-        assert!(message.contains("/run/nodeproxy.lock"), "{message}");
+        assert!(
+            message.contains("/run/nodeproxy/nodeproxy.lock"),
+            "{message}"
+        );
         assert_eq!(
             Config::default().lock_file,
-            PathBuf::from("/run/nodeproxy.lock")
+            PathBuf::from("/run/nodeproxy/nodeproxy.lock")
         );
     }
 

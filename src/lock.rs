@@ -1,5 +1,5 @@
 //! One nodeproxy per node: an exclusive, non-blocking `flock` on a host path (e.g.
-//! `/run/nodeproxy.lock`), taken before touching the kernel, with the holder's pid in the file.
+//! `/run/nodeproxy/nodeproxy.lock`), taken before touching the kernel, with the holder's pid in the file.
 //!
 //! `flock` locks belong to the open file description and vanish when the process dies (also on
 //! SIGKILL), so a crashed instance never leaves a stale lock; the pid in the file is only for
@@ -8,7 +8,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +47,19 @@ pub fn acquire(path: &Path) -> Result<LockGuard, LockError> {
             source,
         }
     };
+    // The default lives in a directory of its own (/run/nodeproxy, the unit's RuntimeDirectory
+    // and the DaemonSet's hostPath) so that a sandboxed unit can write it; /run is a tmpfs, so a
+    // manual run after boot finds no directory yet. Only the last component is created: a
+    // mistyped path deeper than that is an error, not a tree of directories.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists()
+    {
+        match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io("create the directory")(e)),
+        }
+    }
     // No truncate on open: the file holds the current holder's pid until we own the lock.
     let mut file = OpenOptions::new()
         .read(true)
@@ -189,9 +202,24 @@ mod tests {
 
     #[test]
     fn an_unreadable_directory_is_an_io_error_naming_the_path() {
-        let path = Path::new("/nonexistent-nodeproxy-dir/lock");
+        let path = Path::new("/nonexistent-nodeproxy-dir/deeper/lock");
         let e = acquire(path).unwrap_err();
         assert!(matches!(e, LockError::Io { .. }), "{e:?}");
-        assert!(e.to_string().contains("/nonexistent-nodeproxy-dir/lock"));
+        assert!(
+            e.to_string()
+                .contains("/nonexistent-nodeproxy-dir/deeper/lock")
+        );
+        assert!(!Path::new("/nonexistent-nodeproxy-dir").exists());
+    }
+
+    #[test]
+    fn a_missing_last_directory_is_created() {
+        let dir = temp_path("dir");
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("nodeproxy.lock");
+        let guard = acquire(&path).unwrap();
+        assert!(path.is_file());
+        drop(guard);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
