@@ -456,15 +456,23 @@ fn matches(obj: &Value, params: &BTreeMap<String, String>) -> bool {
 
 /// Serves one connection: one request, then close.
 async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
-    let Some(target) = read_request(&mut stream).await else {
+    let Some((method, target)) = read_request(&mut stream).await else {
         return;
     };
+    // Every request is recorded with its method, those the fake does not serve too: the
+    // manifest test checks each against the packaged ClusterRole.
     shared
         .inner
         .lock()
         .unwrap()
         .requests
-        .push(format!("GET {target}"));
+        .push(format!("{method} {target}"));
+    if method != "GET" {
+        let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+            "message": format!("the fake API server serves only GET, not {method}"), "reason": "MethodNotAllowed", "code": 405});
+        respond(&mut stream, "405 Method Not Allowed", &body).await;
+        return;
+    }
     let (path, query) = split_target(&target);
     let Some(kind) = Kind::from_path(path) else {
         let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
@@ -503,8 +511,8 @@ async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
     }
 }
 
-/// Reads the request head; returns the request target of a GET.
-async fn read_request(stream: &mut TcpStream) -> Option<String> {
+/// Reads the request head; returns its method and target.
+async fn read_request(stream: &mut TcpStream) -> Option<(String, String)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -517,8 +525,8 @@ async fn read_request(stream: &mut TcpStream) -> Option<String> {
     let head = String::from_utf8_lossy(&buf);
     let line = head.lines().next()?;
     let mut parts = line.split(' ');
-    (parts.next()? == "GET").then_some(())?;
-    Some(parts.next()?.to_owned())
+    let method = parts.next()?.to_owned();
+    Some((method, parts.next()?.to_owned()))
 }
 
 async fn respond(stream: &mut TcpStream, status: &str, body: &Value) {
