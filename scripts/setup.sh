@@ -10,6 +10,9 @@
 # systemd-nspawn (a Debian root booted under a real systemd), lintian, rpm and rpmlint, umoci and
 # skopeo (the image).
 set -euo pipefail
+# `cmd | grep -q` under pipefail fails when grep exits at the first match and cmd dies of
+# SIGPIPE; plain grep reads all of its input.
+matches() { grep "$@" > /dev/null; }
 dist=false
 [ "${1:-}" = "--dist" ] && dist=true
 
@@ -44,8 +47,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 if $dist; then
     # Pinned: the packages' layout is tested against these versions.
-    cargo deb --version 2>/dev/null | grep -qx 'cargo-deb 3.8.0' \
+    cargo deb --version 2>/dev/null | matches -x 'cargo-deb 3.8.0' \
         || cargo install --locked --quiet cargo-deb@3.8.0
-    cargo generate-rpm --version 2>/dev/null | grep -qx 'cargo-generate-rpm 0.21.1' \
+    cargo generate-rpm --version 2>/dev/null | matches -x 'cargo-generate-rpm 0.21.1' \
         || cargo install --locked --quiet cargo-generate-rpm@0.21.1
 fi

@@ -14,6 +14,9 @@
 # (The image's binary carrying traffic from the unpacked root is tests/dist_image.rs.)
 # Prints "N passed, 0 failed" at the end; any failure stops it with exit 1.
 set -euo pipefail
+# `cmd | grep -q` under pipefail fails when grep exits at the first match and cmd dies of
+# SIGPIPE; plain grep reads all of its input.
+matches() { grep "$@" > /dev/null; }
 cd "$(dirname "$0")/.."
 root_dir=$PWD
 passed=0
@@ -50,13 +53,13 @@ mkdir -p "$work"
 # --- 1. the binary ---------------------------------------------------------------------------
 size=$(stat -c %s "$bin")
 [ "$size" -le 15000000 ] || fail "binary is $size bytes, more than 15 MB"
-readelf -hW "$bin" | grep -q 'Type:.*DYN' || fail "binary is not position-independent"
-! readelf -lW "$bin" | grep -q 'INTERP' || fail "binary has a program interpreter (not static)"
-! readelf -dW "$bin" | grep -q '(NEEDED)' || fail "binary needs shared libraries"
-! readelf -SW "$bin" | grep -qE '\.(debug_info|debug_line|symtab) ' || fail "binary is not stripped"
-readelf -p .gnu_debuglink "$bin" | grep -q "nodeproxy-$version-$target.debug" \
+readelf -hW "$bin" | matches 'Type:.*DYN' || fail "binary is not position-independent"
+! readelf -lW "$bin" | matches 'INTERP' || fail "binary has a program interpreter (not static)"
+! readelf -dW "$bin" | matches '(NEEDED)' || fail "binary needs shared libraries"
+! readelf -SW "$bin" | matches -E '\.(debug_info|debug_line|symtab) ' || fail "binary is not stripped"
+readelf -p .gnu_debuglink "$bin" | matches "nodeproxy-$version-$target.debug" \
     || fail "binary does not link its debug file"
-readelf -SW "dist/nodeproxy-$version-$target.debug" | grep -q '\.debug_line' \
+readelf -SW "dist/nodeproxy-$version-$target.debug" | matches '\.debug_line' \
     || fail "the debug file has no line tables"
 want="nodeproxy $version (commit $commit, $target)"
 got=$("$bin" --version)
@@ -75,7 +78,7 @@ ok "a second dist.sh run gives byte-identical artifacts (image $(cat dist/*.dige
 lintian --fail-on error,warning --display-level '>=warning' "$deb" > "$work/lintian.txt" 2>&1 \
     || { cat "$work/lintian.txt"; fail "lintian"; }
 ok "lintian: no error or warning ($(wc -l < "$work/lintian.txt") lines shown)"
-dpkg-deb -f "$deb" Package | grep -qx nodeproxy || fail "deb package name"
+dpkg-deb -f "$deb" Package | matches -x nodeproxy || fail "deb package name"
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)
 for c in /etc/nodeproxy/config.toml /etc/default/nodeproxy; do
     grep -qx "$c" <<<"$conffiles" || fail "$c is not a conffile: $conffiles"
@@ -136,6 +139,10 @@ done
 case "$state" in running|degraded) ;; *) cat "$work/nspawn.log"; fail "container systemd: '$state'" ;; esac
 ok "Debian root booted under systemd in a container ($state)"
 unit_prop() { in_ct systemctl show -p "$1" --value nodeproxy.service; }
+# Predicates for wait_for: they must query on every try, so the $(...) lives inside a function.
+unit_is() { [ "$(unit_prop "$1")" = "$2" ]; }
+unit_restarted() { [ "$(unit_prop NRestarts)" -ge 1 ]; }
+unit_active_with_new_pid() { unit_is ActiveState active && ! unit_is MainPID "$1"; }
 wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
     local seconds=$1 what=$2; shift 2
     for _ in $(seq $((seconds * 5))); do "$@" && return 0; sleep 0.2; done
@@ -182,7 +189,7 @@ sleep 4
     || fail "with the Services list held (no sync possible) the unit is $(unit_prop ActiveState), not activating"
 ! in_ct nft list table ip nodeproxy >/dev/null 2>&1 || fail "rules programmed before the watches listed"
 : > "$root/srv/fakeapi/ctl/release-services"
-wait_for 60 "nodeproxy.service active" test "$(unit_prop ActiveState)" = active
+wait_for 60 "nodeproxy.service active" unit_is ActiveState active
 in_ct nft list table ip nodeproxy > "$work/ruleset.txt" || fail "no table ip nodeproxy once active"
 grep -q 'service-ips' "$work/ruleset.txt" || fail "the ruleset lacks service-ips"
 ok "systemctl start: activating until the first sync, active once rules are programmed"
@@ -192,7 +199,8 @@ ok "systemctl status shows $(grep -o 'Status: ".*"' "$work/status.txt")"
 
 # A hung writer: the watchdog pings stop and systemd restarts the service.
 pid_before=$(unit_prop MainPID)
-: > "$root/run/nodeproxy-test-hang"
+# Inside the container: its /run is a tmpfs of its own, not the root directory's run/.
+in_ct touch /run/nodeproxy-test-hang
 cat > "$root/srv/fakeapi/ctl/change.yaml" <<'YAML'
 apiVersion: v1
 kind: Service
@@ -204,11 +212,11 @@ spec:
   ipFamilies: [IPv4]
   ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]
 YAML
-wait_for 60 "a watchdog restart" test "$(unit_prop NRestarts)" -ge 1
-rm -f "$root/run/nodeproxy-test-hang"
+wait_for 60 "a watchdog restart" unit_restarted
+in_ct rm -f /run/nodeproxy-test-hang
 in_ct journalctl -u nodeproxy.service --no-pager > "$work/journal.txt" 2>&1 || true
 grep -qi 'watchdog timeout' "$work/journal.txt" || { tail -n 30 "$work/journal.txt"; fail "restart was not the watchdog's"; }
-wait_for 60 "nodeproxy.service active after the watchdog restart" test "$(unit_prop ActiveState)" = active
+wait_for 60 "nodeproxy.service active after the watchdog restart" unit_is ActiveState active
 [ "$(unit_prop MainPID)" != "$pid_before" ] || fail "same MainPID after the watchdog restart"
 ok "a hung writer is killed by the watchdog and the service comes back"
 
@@ -216,7 +224,7 @@ ok "a hung writer is killed by the watchdog and the service comes back"
 pid_before=$(unit_prop MainPID)
 chroot_dpkg() { in_ct env DEBIAN_FRONTEND=noninteractive dpkg "$@"; }
 chroot_dpkg -i /srv/nodeproxy.deb > "$work/dpkg-upgrade.txt" 2>&1 || { cat "$work/dpkg-upgrade.txt"; fail "upgrade"; }
-wait_for 60 "active after upgrade" test "$(unit_prop ActiveState)" = active
+wait_for 60 "active under a new process after upgrade" unit_active_with_new_pid "$pid_before"
 [ "$(unit_prop MainPID)" != "$pid_before" ] || fail "the upgrade did not restart the service"
 in_ct nft list table ip nodeproxy >/dev/null || fail "rules gone after the upgrade"
 ok "upgrade restarts the service, rules kept"
@@ -240,12 +248,12 @@ for s in 'postinstall scriptlet' 'preuninstall scriptlet' 'postuninstall scriptl
     'enable --now nodeproxy.service' 'try-restart nodeproxy.service'; do
     grep -q "$s" "$work/rpm-scripts.txt" || { cat "$work/rpm-scripts.txt"; fail "rpm scripts lack '$s'"; }
 done
-rpm -qp --requires "$rpm_file" | grep -q '^systemd' || fail "rpm does not require systemd"
+rpm -qp --requires "$rpm_file" | matches '^systemd' || fail "rpm does not require systemd"
 rpm -qp --configfiles "$rpm_file" > "$work/rpm-config.txt"
 for c in /etc/nodeproxy/config.toml /etc/sysconfig/nodeproxy; do
     grep -qx "$c" "$work/rpm-config.txt" || fail "$c is not a config file of the rpm"
 done
-rpm -qp --qf '[%{FILENAMES} %{FILEFLAGS:fflags}\n]' "$rpm_file" | grep -q '^/etc/nodeproxy/config.toml cn' \
+rpm -qp --qf '[%{FILENAMES} %{FILEFLAGS:fflags}\n]' "$rpm_file" | matches '^/etc/nodeproxy/config.toml cn' \
     || fail "config.toml is not %config(noreplace)"
 rpm -qpl "$rpm_file" > "$work/rpm-files.txt"
 for f in /usr/bin/nodeproxy /usr/lib/systemd/system/nodeproxy.service /usr/share/man/man1/nodeproxy.1.gz \
