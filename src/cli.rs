@@ -215,6 +215,17 @@ pub struct Cli {
     #[arg(long, value_name = "PATH", action = ArgAction::Append, global = true)]
     pub from_file: Vec<PathBuf>,
 
+    /// With --once, --dry-run or explain: accept an input that holds no Service at all.
+    /// Without it such an input (an empty file, a failed `kubectl get > file`, `---`, `null`)
+    /// is an error, since programming it would remove every Service rule on the node.
+    #[arg(long, global = true)]
+    pub allow_empty: bool,
+
+    /// The most bytes read from each --from-file file: a number of bytes, or one with a
+    /// suffix Ki, Mi or Gi (powers of 1024). A larger file is an error. [default: 1Gi]
+    #[arg(long, value_name = "SIZE", global = true)]
+    pub max_input_size: Option<String>,
+
     /// Log format: `text` or `json`. [env: NODEPROXY_LOG_FORMAT] [default: text]
     #[arg(long, value_name = "FORMAT", global = true)]
     pub log_format: Option<String>,

@@ -563,6 +563,26 @@ pub struct Loaded {
     pub provenance: Provenance,
     /// Log verbosity from `-v` (counted) / `--v N`; the higher of the two.
     pub verbosity: u8,
+    /// `--allow-empty`: an input without any Service may be programmed.
+    pub allow_empty: bool,
+    /// `--max-input-size`: the most bytes read from each `--from-file` file.
+    pub max_input_bytes: u64,
+}
+
+/// `--max-input-size` default.
+pub use crate::source::file::DEFAULT_MAX_FILE_BYTES as DEFAULT_MAX_INPUT_BYTES;
+
+/// Parses `--max-input-size`: bytes, or a number with a binary suffix (`Ki`, `Mi`, `Gi`).
+fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, scale) = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30)]
+        .iter()
+        .find_map(|(suffix, scale)| text.strip_suffix(suffix).map(|d| (d, *scale)))
+        .unwrap_or((text, 1));
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(scale)
 }
 
 /// Why the configuration could not be loaded. `exit_code` says how the process should end.
@@ -591,7 +611,7 @@ pub enum ConfigError {
     )]
     UnknownKey { path: PathBuf, keys: Vec<String> },
     /// A value that does not parse or is out of range. `origin` is `Source::describe`.
-    #[error("invalid {key} `{value}` from {origin}: {expected}")]
+    #[error("invalid {key} `{}` from {origin}: {expected}", shorten(.value))]
     Invalid {
         key: &'static str,
         value: String,
@@ -658,6 +678,17 @@ fn snake_case(key: &str) -> String {
     }
     // kube-proxy's YAML spells it `nodePortAddresses`, our key has no underscore after "node".
     out.replace("node_port", "nodeport")
+}
+
+/// A value as an error message shows it: whole up to 120 characters, else its start and its
+/// length, so that a mistaken multi-megabyte value does not flood the terminal or the journal.
+fn shorten(value: &str) -> String {
+    const KEEP: usize = 100;
+    if value.chars().count() <= 120 {
+        return value.to_string();
+    }
+    let start: String = value.chars().take(KEEP).collect();
+    format!("{start}… ({} bytes in all)", value.len())
 }
 
 /// Keeps a path or value on one line in comments and messages; a newline in a `--print-config`
@@ -735,11 +766,26 @@ fn load_with(
     }
     validate_combination(&config, &provenance)?;
 
+    let max_input_bytes = match &cli.max_input_size {
+        None => DEFAULT_MAX_INPUT_BYTES,
+        Some(text) => parse_size(text)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| ConfigError::Invalid {
+                key: "--max-input-size",
+                value: single_line(text),
+                origin: "the command line".to_string(),
+                expected: "must be a positive number of bytes, optionally with a suffix Ki, \
+                           Mi or Gi, e.g. 1Gi"
+                    .to_string(),
+            })?,
+    };
     Ok(Loaded {
         mode: resolve_mode(&cli)?,
         config,
         provenance,
         verbosity: cli.verbosity(),
+        allow_empty: cli.allow_empty,
+        max_input_bytes,
     })
 }
 

@@ -87,7 +87,7 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
         Mode::Explain(query) => {
             // Exactly the ruleset `--dry-run` prints, so the explanation is of what would be
             // programmed.
-            let (state, settings) = desired_inputs(config)?;
+            let (state, settings) = desired_inputs(loaded)?;
             let desired = ruleset::build(&state, &settings);
             let node_addrs = nodeproxy::explain::node_addresses(&state, &settings.node_name);
             if node_addrs.is_empty() {
@@ -107,7 +107,7 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             Ok(())
         }
         Mode::DryRun => {
-            let (state, settings) = desired_inputs(config)?;
+            let (state, settings) = desired_inputs(loaded)?;
             let started = std::time::Instant::now();
             // Affinity slots as a fresh kernel would get them: the output depends on the
             // input only.
@@ -126,7 +126,11 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             Ok(())
         }
         Mode::Once => {
-            let (state, mut settings) = desired_inputs(config)?;
+            // Before reading anything: a second writer is refused with the daemon's message
+            // whatever the kernel's support for table ownership.
+            let lock = nodeproxy::lock::acquire(&config.lock_file)?;
+            tracing::debug!(lock = %lock.path().display(), "took the node lock");
+            let (state, mut settings) = desired_inputs(loaded)?;
             let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
             // Owned while we run, and left persistent: the daemon can take the tables over
             // later, which it could not do with tables created without persist.
@@ -150,6 +154,7 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
                 desired
             })?;
             tracing::info!("{report}; peak RSS {} KiB", peak_rss_kib());
+            drop(lock);
             Ok(())
         }
         Mode::Run => {
@@ -168,14 +173,19 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
     }
 }
 
-/// `--cleanup`: deletes our tables, both families in one transaction. Refuses, deleting nothing,
-/// while a running process owns them (nftables table ownership): that is a running nodeproxy,
-/// which the lock file names.
+/// `--cleanup`: deletes our tables, both families in one transaction. Takes the node lock
+/// first, like every mode that writes to the kernel, and refuses, deleting nothing, while
+/// another process holds it or owns the tables (nftables table ownership, kernel 6.9+).
 fn cleanup(config: &config::Config) -> anyhow::Result<()> {
+    use nodeproxy::lock::LockError;
     use nodeproxy::nft::owner::{Holder, describe_owner};
     let name = nodeproxy::ruleset::names::TABLE;
+    let lock = match nodeproxy::lock::acquire(&config.lock_file) {
+        Ok(guard) => Ok(guard),
+        Err(held @ LockError::Held { .. }) => Err(held),
+        Err(other) => return Err(other.into()),
+    };
     let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
-    let lock = nodeproxy::lock::check(&config.lock_file).err();
     let mut owned = Vec::new();
     for family in nodeproxy::model::IpFamily::ALL {
         let info = kernel
@@ -185,49 +195,46 @@ fn cleanup(config: &config::Config) -> anyhow::Result<()> {
             owned.push((family, port));
         }
     }
-    let running = match &lock {
-        Some(e @ nodeproxy::lock::LockError::Held { .. }) => format!("; {e}"),
-        _ => String::new(),
-    };
-    if !owned.is_empty() {
-        let tables = owned
-            .iter()
-            .map(|(f, port)| {
-                format!(
-                    "table {} {name} is owned by {}",
-                    nft::wire::family_keyword(*f),
-                    describe_owner(*port)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        anyhow::bail!(
-            "not removing nodeproxy's tables, nothing was deleted: {tables}{running}. Only the \
-             owner may delete an owned table: stop that process first (a nodeproxy leaves its \
-             tables in place, unowned), then run --cleanup again"
-        );
+    let mut reasons: Vec<String> = owned
+        .iter()
+        .map(|(f, port)| {
+            format!(
+                "table {} {name} is owned by {}",
+                nft::wire::family_keyword(*f),
+                describe_owner(*port)
+            )
+        })
+        .collect();
+    if let Err(held) = &lock {
+        reasons.push(held.to_string());
     }
-    if !running.is_empty() {
-        tracing::warn!("a nodeproxy is running{running}: it recreates its tables at its next sync");
+    if !reasons.is_empty() {
+        anyhow::bail!(
+            "not removing nodeproxy's tables, nothing was deleted: {}. Stop that process \
+             first (a nodeproxy leaves its tables in place, unowned), then run --cleanup again",
+            reasons.join("; ")
+        );
     }
     let removed = kernel
         .delete_tables(name)
-        .map_err(|e| anyhow::anyhow!("removing nodeproxy's tables: {e}{running}"))?;
+        .context("removing nodeproxy's tables")?;
     tracing::info!("removed {removed} nodeproxy table(s); nothing else was touched");
+    drop(lock);
     Ok(())
 }
 
 /// Loads the cluster objects and resolves the settings the ruleset is built with, reporting
 /// every rejected or ignored object and every likely configuration mistake.
-fn desired_inputs(config: &config::Config) -> anyhow::Result<(ClusterState, Settings)> {
+fn desired_inputs(options: &config::Loaded) -> anyhow::Result<(ClusterState, Settings)> {
+    let config = &options.config;
     let started = std::time::Instant::now();
     let (loaded, from) = if config.from_file.is_empty() {
         // No files: the API server, read once through the same watches the daemon uses.
         let loaded = nodeproxy::daemon::fetch(config).context("reading the API server")?;
         (loaded, "the API server")
     } else {
-        let loaded =
-            source::file::load_files(&config.from_file).map_err(|e| UsageError(e.into()))?;
+        let loaded = source::file::load_files_limited(&config.from_file, options.max_input_bytes)
+            .map_err(|e| UsageError(e.into()))?;
         (loaded, "the input files")
     };
     tracing::info!(
@@ -244,6 +251,21 @@ fn desired_inputs(config: &config::Config) -> anyhow::Result<(ClusterState, Sett
     }
     for ignored in &loaded.ignored {
         tracing::debug!("ignored: {ignored}");
+    }
+    if loaded.state.services.is_empty() && !options.allow_empty {
+        // An empty file is what a failed `kubectl get > file` leaves behind; programming it
+        // would delete every Service rule on the node.
+        return Err(UsageError(anyhow::anyhow!(
+            "found no usable Service in {from}{}: refusing to program a ruleset without \
+             any, which would remove every Service rule; pass --allow-empty if that is what \
+             you want",
+            if loaded.rejected.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} object(s) rejected)", loaded.rejected.len())
+            }
+        ))
+        .into());
     }
     let node_name = config.node_name().map_err(|e| UsageError(e.into()))?;
     let settings = Settings::new(config, node_name);

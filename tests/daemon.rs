@@ -642,3 +642,32 @@ fn a_hung_writer_stops_the_watchdog_pings() {
         );
     });
 }
+
+#[test]
+fn a_relist_without_any_service_after_having_some_is_a_warning() {
+    in_netns(|| {
+        let env = Env::new("emptied");
+        env.populate();
+        let d = env.start("daemon");
+        wait_until("the Service is programmed", PATIENCE, || {
+            table_has("10.96.0.10")
+        });
+        assert!(!d.log().contains("listed no Service at all"), "{}", d.log());
+        // Every Service is gone while the daemon is cut off, and the history is compacted: the
+        // watch can only relist, and the relist holds nothing.
+        env.api.go_down();
+        env.api.delete(Kind::Service, "ns", "web");
+        env.api.compact();
+        env.rt.block_on(env.api.come_back());
+        wait_until("the Service's rules are removed", PATIENCE, || {
+            !table_has("10.96.0.10")
+        });
+        let log = d.log();
+        let warning = log
+            .lines()
+            .find(|l| l.contains("listed no Service at all"))
+            .unwrap_or_else(|| panic!("no warning in the log:\n{log}"));
+        assert!(warning.contains("WARN"), "{warning}");
+        assert!(warning.contains("after 1 before"), "{warning}");
+    });
+}

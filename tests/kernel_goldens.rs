@@ -17,7 +17,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::netns::{in_netns, nft, nft_load, strip_ownership};
+use common::netns::{in_netns, lock_file_for_this_netns, nft, nft_load, strip_ownership};
 use nodeproxy::model::IpFamily;
 use nodeproxy::nft::NetlinkKernel;
 use nodeproxy::nft::owner::Ownership;
@@ -63,6 +63,7 @@ fn once_over_before(case: &str) -> String {
 
 fn run_once(input: &Path, args: &[String]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        .env("NODEPROXY_LOCK_FILE", lock_file_for_this_netns())
         .arg("--once")
         .args(args)
         .arg("--from-file")
@@ -278,6 +279,7 @@ fn cleanup_removes_our_tables_and_nothing_else() {
         nft(&["add", "table", "inet", "other"]);
         nft(&["add", "table", "ip", "nodeproxy-not"]);
         let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+            .env("NODEPROXY_LOCK_FILE", lock_file_for_this_netns())
             .arg("--cleanup")
             .output()
             .expect("run nodeproxy");

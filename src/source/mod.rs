@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use crate::model::{self, Rejected};
 
-pub use file::load_files;
+pub use file::{load_files, load_files_limited};
 
 /// What a source read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,12 +28,18 @@ pub struct Loaded {
 /// A source that produced nothing usable. The binary exits with status 2 on it.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    #[error("{}: cannot read: {source}", path.display())]
+    /// The cause is the `source()`, which the reporter prints after this message.
+    #[error("{}: cannot read", path.display())]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{}: larger than {max_bytes} bytes (--max-input-size): not read further",
+        path.display()
+    )]
+    TooLarge { path: PathBuf, max_bytes: u64 },
     /// `line` and `column` are 1-based; 0 when the parser did not say where.
     #[error("{}{}: cannot parse as {format}: {message}", path.display(), position(*line, *column))]
     Parse {

@@ -840,6 +840,16 @@ impl<K: Kind> Applier<K> {
                 .unwrap_or_else(PoisonError::into_inner);
             let old = std::mem::replace(K::map_mut(&mut state), relist.objects);
             let services = state.services.len();
+            if K::NAME == "Service" && services == 0 && !old.is_empty() {
+                // kube-proxy follows such a list silently; it is more often an RBAC change or
+                // a broken API server than a cluster whose every Service was deleted at once.
+                tracing::warn!(
+                    "the API server listed no Service at all after {} before: every Service \
+                     rule is removed at the next sync (check the API server and \
+                     nodeproxy's RBAC if that is not expected)",
+                    old.len()
+                );
+            }
             let new = K::map(&state);
             let triggers: Vec<_> = relist
                 .triggers

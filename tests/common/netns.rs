@@ -21,6 +21,20 @@ pub fn in_netns<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R 
     }
 }
 
+/// A node lock file for nodeproxy runs from the calling thread's network namespace: each test
+/// namespace stands for a node of its own, and tests run in parallel must not share the
+/// default lock.
+pub fn lock_file_for_this_netns() -> std::path::PathBuf {
+    let link = std::fs::read_link("/proc/thread-self/ns/net")
+        .unwrap_or_else(|e| panic!("reading /proc/thread-self/ns/net: {e}"));
+    let id: String = link
+        .to_string_lossy()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    std::env::temp_dir().join(format!("nodeproxy-test-net-{id}.lock"))
+}
+
 /// Runs `f` on a thread that has entered the named network namespace (an `ip netns` name, such
 /// as a lab's), and waits for it. Processes it spawns and threads it creates start in that
 /// namespace too. A panic in `f` is re-raised here.

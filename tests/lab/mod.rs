@@ -33,6 +33,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -234,6 +235,11 @@ impl Lab {
         format!("{}-{}", self.prefix, ns.role())
     }
 
+    /// The node lock of nodeproxy runs in a namespace (`NODEPROXY_LOCK_FILE` for [`Lab::exec`]).
+    pub fn lock_file(&self, ns: Ns) -> PathBuf {
+        std::env::temp_dir().join(format!("{}.lock", self.ns(ns)))
+    }
+
     /// The names of every namespace this lab created.
     pub fn ns_names(&self) -> Vec<String> {
         self.created.iter().map(|&ns| self.ns(ns)).collect()
@@ -245,6 +251,9 @@ impl Lab {
         Command::new("ip")
             .args(["netns", "exec", &name])
             .args(args)
+            // Each namespace is a node of its own, so each has its own node lock; the default
+            // path is shared by every test running at the same time.
+            .env("NODEPROXY_LOCK_FILE", self.lock_file(ns))
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("lab: cannot run {args:?} in {name}: {e}"))
@@ -696,6 +705,7 @@ impl Drop for Lab {
             }
         }
         for &ns in self.created.iter().rev() {
+            let _ = std::fs::remove_file(self.lock_file(ns));
             let name = self.ns(ns);
             match Command::new("ip").args(["netns", "del", &name]).output() {
                 Ok(out) if out.status.success() => {}

@@ -1,0 +1,286 @@
+//! The careless-operator findings of the hardening review, each as the command that showed it:
+//! an empty input must not wipe the node, `--once` and `--cleanup` take the node lock, input
+//! files are read up to a bound, and error messages say each thing once and briefly.
+//!
+//! Kernel cases run `--once` in a network namespace the test creates (root required; they
+//! fail, never skip, without it).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::netns::{in_netns, lock_file_for_this_netns, nft};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture(case: &str) -> String {
+    root()
+        .join(format!("tests/fixtures/golden/{case}.yaml"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A directory of its own for one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("nodeproxy-hardening-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn file(&self, name: &str, text: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn nodeproxy(args: &[&str], lock: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        .env_remove("NODEPROXY_CONFIG")
+        .env("NODEPROXY_LOCK_FILE", lock)
+        .args(["--hostname-override", "node-a"])
+        .args(args)
+        .output()
+        .expect("run nodeproxy")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn tables() -> String {
+    nft(&["list", "tables"])
+}
+
+#[test]
+fn an_input_without_services_is_refused_unless_allowed_and_leaves_the_rules_in_place() {
+    let scratch = Scratch::new("empty");
+    let inputs = [
+        scratch.file("empty.yaml", ""),
+        scratch.file("separator.yaml", "---\n"),
+        scratch.file("null.yaml", "null\n"),
+        scratch.file("empty.json", ""),
+        scratch.file(
+            "nodes-only.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n",
+        ),
+    ];
+    let lock = scratch.0.join("dry.lock");
+    for input in &inputs {
+        let out = nodeproxy(&["--dry-run", "--from-file", input], &lock);
+        assert_eq!(out.status.code(), Some(2), "{input}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("found no usable Service")
+                && stderr(&out).contains("--allow-empty"),
+            "{input}: {}",
+            stderr(&out)
+        );
+        let out = nodeproxy(&["--dry-run", "--allow-empty", "--from-file", input], &lock);
+        assert_eq!(out.status.code(), Some(0), "{input}: {}", stderr(&out));
+    }
+    // Only rejected Services: still nothing to program, and the message counts the rejections.
+    let bad = scratch.file(
+        "rejected.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {namespace: a, name: b}\nspec:\n  \
+         clusterIP: 10.96.0.1\n  ports: [{port: 70000}]\n",
+    );
+    let out = nodeproxy(&["--dry-run", "--from-file", &bad], &lock);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 object(s) rejected"),
+        "{}",
+        stderr(&out)
+    );
+
+    let empty = inputs[0].clone();
+    let (after_refusal, after_allowed) = in_netns(move || {
+        let lock = lock_file_for_this_netns();
+        let out = nodeproxy(&["--once", "--from-file", &fixture("clusterip")], &lock);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let before = nft(&["list", "table", "ip", "nodeproxy"]);
+        assert!(before.contains("203.0.113.20"), "{before}");
+        let out = nodeproxy(&["--once", "--from-file", &empty], &lock);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let after_refusal = nft(&["list", "table", "ip", "nodeproxy"]);
+        let out = nodeproxy(&["--once", "--allow-empty", "--from-file", &empty], &lock);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let after_allowed = nft(&["list", "table", "ip", "nodeproxy"]);
+        let _ = std::fs::remove_file(&lock);
+        (after_refusal, after_allowed)
+    });
+    assert!(
+        after_refusal.contains("203.0.113.20"),
+        "a refused empty input changed the rules:\n{after_refusal}"
+    );
+    assert!(
+        !after_allowed.contains("203.0.113.20"),
+        "--allow-empty did not program the empty input:\n{after_allowed}"
+    );
+}
+
+#[test]
+fn once_and_cleanup_take_the_node_lock_first() {
+    let (once_out, cleanup_out, tables_after) = in_netns(|| {
+        let lock = lock_file_for_this_netns();
+        // Another nodeproxy: the lock held by this (test) process.
+        let guard = nodeproxy::lock::acquire(&lock).expect("take the lock");
+        let once_out = nodeproxy(&["--once", "--from-file", &fixture("clusterip")], &lock);
+        let programmed = tables();
+        drop(guard);
+        // The same run without the competitor programs the table; --cleanup is then refused
+        // while the lock is held again, and deletes nothing.
+        let out = nodeproxy(&["--once", "--from-file", &fixture("clusterip")], &lock);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let guard = nodeproxy::lock::acquire(&lock).expect("take the lock");
+        let cleanup_out = nodeproxy(&["--cleanup"], &lock);
+        let tables_after = tables();
+        drop(guard);
+        assert!(
+            !programmed.contains("nodeproxy"),
+            "--once programmed while another process held the lock:\n{programmed}"
+        );
+        let _ = std::fs::remove_file(&lock);
+        (once_out, cleanup_out, tables_after)
+    });
+    let pid = format!("pid {}", std::process::id());
+    assert_eq!(once_out.status.code(), Some(1), "{}", stderr(&once_out));
+    assert!(
+        stderr(&once_out).contains("another nodeproxy holds the lock")
+            && stderr(&once_out).contains(&pid),
+        "{}",
+        stderr(&once_out)
+    );
+    assert_eq!(
+        cleanup_out.status.code(),
+        Some(1),
+        "{}",
+        stderr(&cleanup_out)
+    );
+    assert!(
+        stderr(&cleanup_out).contains("another nodeproxy holds the lock")
+            && stderr(&cleanup_out).contains("nothing was deleted"),
+        "{}",
+        stderr(&cleanup_out)
+    );
+    assert!(
+        tables_after.contains("table ip nodeproxy"),
+        "--cleanup deleted while the lock was held:\n{tables_after}"
+    );
+}
+
+#[test]
+fn input_files_are_read_up_to_a_bound() {
+    let scratch = Scratch::new("bound");
+    let lock = scratch.0.join("np.lock");
+    let example = root().join("examples/cluster.yaml");
+    let size = std::fs::metadata(&example).unwrap().len();
+    let example = example.to_string_lossy().into_owned();
+    let below = (size - 1).to_string();
+    let out = nodeproxy(
+        &[
+            "--dry-run",
+            "--max-input-size",
+            &below,
+            "--from-file",
+            &example,
+        ],
+        &lock,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("larger than {below} bytes (--max-input-size)")),
+        "{}",
+        stderr(&out)
+    );
+    let exact = size.to_string();
+    let out = nodeproxy(
+        &[
+            "--dry-run",
+            "--max-input-size",
+            &exact,
+            "--from-file",
+            &example,
+        ],
+        &lock,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    // An endless input stops at the bound (this would otherwise run until memory is gone).
+    let out = nodeproxy(
+        &[
+            "--dry-run",
+            "--max-input-size",
+            "4Mi",
+            "--from-file",
+            "/dev/zero",
+        ],
+        &lock,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("larger than 4194304 bytes"),
+        "{}",
+        stderr(&out)
+    );
+
+    for bad in ["0", "1Ti", "-5", "1.5Gi", "Gi", "99999999999999999999"] {
+        let flag = format!("--max-input-size={bad}");
+        let out = nodeproxy(&["--dry-run", &flag], &lock);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--max-input-size"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn a_missing_file_names_its_cause_once() {
+    let scratch = Scratch::new("missing");
+    let lock = scratch.0.join("np.lock");
+    let absent = scratch.0.join("absent.yaml").to_string_lossy().into_owned();
+    let out = nodeproxy(&["--dry-run", "--from-file", &absent], &lock);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert_eq!(
+        text.matches("No such file or directory").count(),
+        1,
+        "{text}"
+    );
+    assert!(text.contains("absent.yaml"), "{text}");
+}
+
+#[test]
+fn a_huge_bad_value_is_shown_shortened() {
+    let scratch = Scratch::new("huge");
+    let huge = "9".repeat(100_000);
+    let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        .env_remove("NODEPROXY_CONFIG")
+        .env("NODEPROXY_MASQUERADE_BIT", &huge)
+        .env("NODEPROXY_LOCK_FILE", scratch.0.join("np.lock"))
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(text.len() < 1000, "{} bytes of error", text.len());
+    assert!(text.contains("(100000 bytes in all)"), "{text}");
+    assert!(text.contains("NODEPROXY_MASQUERADE_BIT"), "{text}");
+}
