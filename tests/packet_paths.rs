@@ -712,7 +712,22 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
                     .copied()
                     .filter(|ip| IpFamily::of(ip) == family)
                     .collect();
-                let ranges = &svc.load_balancer_source_ranges;
+                // kube-proxy (pkg/proxy/serviceport.go, newBaseServiceInfo) keeps the ranges of
+                // the port's family only, and none left or a zero-length prefix among them
+                // means no restriction.
+                let mut ranges: Vec<ipnet::IpNet> = svc
+                    .load_balancer_source_ranges
+                    .iter()
+                    .copied()
+                    .filter(|r| IpFamily::of(&r.addr()) == family)
+                    .collect();
+                if ranges.iter().any(|r| r.prefix_len() == 0) {
+                    ranges.clear();
+                }
+                if !svc.load_balancer_source_ranges.is_empty() && ranges.is_empty() {
+                    tally.count("source-ranges-of-no-effect");
+                }
+                let ranges = &ranges;
                 // §2.3: sources outside the ranges are dropped; the LB IPs themselves are
                 // allowed when the node's IP is inside a range.
                 let lb_allows = |src: IpAddr| {
@@ -968,6 +983,7 @@ fn every_service_port_of_every_fixture_behaves_as_its_objects_say() {
         ("source-range-dropped", 5),
         ("source-range-allowed", 8),
         ("allowed-as-lb-ip", 2),
+        ("source-ranges-of-no-effect", 2),
         ("pinned", 50),
         ("pinned-local", 3),
         ("nodeport-all", 10),

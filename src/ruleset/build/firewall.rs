@@ -54,8 +54,10 @@ pub(super) fn add(state: &ClusterState, settings: &Settings, family: IpFamily, t
         if lb_ips.is_empty() {
             continue;
         }
-        // Ranges of the other family allow nothing here: a service that restricts its sources
-        // stays restricted in every family (no range of this family = no allowed source).
+        // kube-proxy's rule (pkg/proxy/serviceport.go, newBaseServiceInfo): only the ranges of
+        // this family count; if none is left, or one is a zero-length prefix (`0.0.0.0/0`,
+        // "allow any"), the port is not restricted in this family. An IPv4 LB IP with only
+        // IPv6 ranges is therefore open to every IPv4 client, not closed to all of them.
         let mut ranges: Vec<IpNet> = svc
             .load_balancer_source_ranges
             .iter()
@@ -63,6 +65,9 @@ pub(super) fn add(state: &ClusterState, settings: &Settings, family: IpFamily, t
             .filter(|net| IpFamily::of(&net.addr()) == family)
             .map(|net| net.trunc())
             .collect();
+        if ranges.is_empty() || ranges.iter().any(|net| net.prefix_len() == 0) {
+            continue;
+        }
         if node_ip.is_some_and(|ip| ranges.iter().any(|r| r.contains(&ip))) {
             ranges.extend(lb_ips.iter().map(|ip| IpNet::from(*ip)));
         }
