@@ -1,7 +1,7 @@
 //! Entry point: parse the configuration, set up logging, run the chosen mode, map errors to exit
 //! codes (0 ok, 1 runtime failure, 2 usage or configuration error).
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -69,6 +69,9 @@ fn init_logging(format: LogFormat, verbosity: u8) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: in the journal or a log file they are escape bytes
+        // around every level and timestamp.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false);
     match format {
         LogFormat::Text => builder.init(),

@@ -284,3 +284,79 @@ fn a_huge_bad_value_is_shown_shortened() {
     assert!(text.contains("(100000 bytes in all)"), "{text}");
     assert!(text.contains("NODEPROXY_MASQUERADE_BIT"), "{text}");
 }
+
+#[test]
+fn control_characters_in_object_text_are_rejected_and_never_printed_raw() {
+    let scratch = Scratch::new("controls");
+    let lock = scratch.0.join("np.lock");
+    // JSON escapes put the control characters into names, a port name, a zone, a hint and a
+    // kind; one valid Service shows the rest is still used.
+    let objects = r#"{"apiVersion": "v1", "kind": "List", "items": [
+      {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+       "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.11"}]}},
+      {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b",
+       "labels": {"topology.kubernetes.io/zone": "zone\u0000b"}}},
+      {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "shop", "name": "ok"},
+       "spec": {"clusterIP": "203.0.113.20", "ports": [{"port": 80, "protocol": "TCP"}]}},
+      {"apiVersion": "v1", "kind": "Service",
+       "metadata": {"namespace": "shop", "name": "web\n2026-11-25T00:00:00Z  INFO forged line"},
+       "spec": {"clusterIP": "203.0.113.21", "ports": [{"port": 80, "protocol": "TCP"}]}},
+      {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "sh\u001b[31mop", "name": "a"},
+       "spec": {"clusterIP": "203.0.113.22", "ports": [{"port": 80, "protocol": "TCP"}]}},
+      {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "shop", "name": "b"},
+       "spec": {"clusterIP": "203.0.113.23", "ports": [{"name": "h\rttp", "port": 80}]}},
+      {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+       "metadata": {"namespace": "shop", "name": "ok-1",
+                    "labels": {"kubernetes.io/service-name": "ok"}},
+       "addressType": "IPv4", "ports": [{"port": 8080, "protocol": "TCP"}],
+       "endpoints": [{"addresses": ["198.51.100.10"], "zone": "z\u001b]0;pwned\u0007",
+                      "hints": {"forZones": [{"name": "z\n1"}]}}]},
+      {"apiVersion": "v1", "kind": "Con\nfigMap", "metadata": {"namespace": "x", "name": "y"}}
+    ]}"#;
+    let input = scratch.file("objects.json", objects);
+    let out = nodeproxy(
+        &[
+            "--dry-run",
+            "-v",
+            "--from-file",
+            &input,
+            "--cluster-cidr",
+            "198.51.100.0/24",
+        ],
+        &lock,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (text, ruleset) = (
+        stderr(&out),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    );
+    for (what, printed) in [("stderr", &text), ("stdout", &ruleset)] {
+        for c in ['\u{0}', '\u{1b}', '\r', '\u{7}'] {
+            assert!(!printed.contains(c), "{what} holds {c:?}:\n{printed}");
+        }
+    }
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.contains("INFO forged line") && !l.contains("skipped")),
+        "a name forged a log line:\n{text}"
+    );
+    for escaped in [
+        r"web\n2026-11-25T00:00:00Z",
+        r"sh\u{1b}[31mop",
+        r"h\rttp",
+        r"zone\u{0}b",
+        r"z\u{1b}]0;pwned\u{7}",
+        r"Con\nfigMap",
+    ] {
+        assert!(
+            text.contains(escaped),
+            "{escaped} not reported escaped:\n{text}"
+        );
+    }
+    // The valid Service is programmed; the rejected ones are not.
+    assert!(ruleset.contains("203.0.113.20"), "{ruleset}");
+    for ip in ["203.0.113.21", "203.0.113.22", "203.0.113.23"] {
+        assert!(!ruleset.contains(ip), "{ip} programmed:\n{ruleset}");
+    }
+}

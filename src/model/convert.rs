@@ -62,6 +62,32 @@ impl Ctx {
     }
 }
 
+/// Rejects text that no Kubernetes name, label value or zone can hold: control characters
+/// (they would reach kernel comments, `--dry-run`, `explain` and logs) or more than 253 bytes.
+/// The API server's validation is stricter still; a proxy does not rely on it (files, old API
+/// servers).
+fn check_text(ctx: &Ctx, field: &str, raw: &str) -> Result<(), Rejected> {
+    const MAX: usize = 253;
+    if raw.chars().any(char::is_control) {
+        return Err(ctx.reject(
+            field,
+            raw,
+            "contains a control character; valid: a Kubernetes name (letters, digits, '-', '.')",
+        ));
+    }
+    if raw.len() > MAX {
+        return Err(ctx.reject(
+            field,
+            raw,
+            format!(
+                "{} bytes long; valid: at most {MAX} (the longest Kubernetes name)",
+                raw.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Why kube-proxy (and so nodeproxy) does not proxy this Service, or `None` if it does. Checked
 /// before any validation, so that an ignored Service is never reported as invalid.
 pub fn ignored_service_reason(svc: &core::Service) -> Option<&'static str> {
@@ -240,6 +266,8 @@ fn names(
             format!("missing; a {kind} is namespaced (kubectl -A output always includes it)"),
         ));
     }
+    check_text(&ctx, "metadata.name", name)?;
+    check_text(&ctx, "metadata.namespace", namespace)?;
     Ok(ServiceName {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
@@ -339,6 +367,7 @@ fn service_ports(ctx: &Ctx, spec: &core::ServiceSpec) -> Result<Vec<ServicePort>
     let mut seen_names = BTreeSet::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let name = p.name.clone().unwrap_or_default();
+        check_text(ctx, &format!("spec.ports[{i}].name"), &name)?;
         // Endpoints are matched to Service ports by name (and protocol); two ports with one name
         // could not be told apart. The API forbids it, so this only catches hand-written files.
         if !seen_names.insert(name.clone()) {
@@ -546,6 +575,11 @@ pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSli
             "missing; valid: the name of the Service this slice belongs to",
         ));
     }
+    check_text(
+        &ctx,
+        &format!("metadata.labels[\"{LABEL_SERVICE_NAME}\"]"),
+        service_name,
+    )?;
     let service = ServiceName {
         namespace: name.namespace.clone(),
         name: service_name.to_owned(),
@@ -556,6 +590,9 @@ pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSli
         let Some(number) = p.port.filter(|&n| n != 0) else {
             continue;
         };
+        if let Some(port_name) = &p.name {
+            check_text(&ctx, &format!("ports[{i}].name"), port_name)?;
+        }
         let protocol = protocol(&ctx, &format!("ports[{i}].protocol"), p.protocol.as_deref())?;
         let port = port_number(&ctx, &format!("ports[{i}].port"), number)?;
         ports.push(SlicePort {
@@ -591,6 +628,36 @@ pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSli
             terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
         };
         let hints = ep.hints.as_ref();
+        if let Some(node_name) = &ep.node_name {
+            check_text(&ctx, &format!("endpoints[{i}].nodeName"), node_name)?;
+        }
+        if let Some(zone) = &ep.zone {
+            check_text(&ctx, &format!("endpoints[{i}].zone"), zone)?;
+        }
+        for (j, z) in hints
+            .and_then(|h| h.for_zones.as_ref())
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            check_text(
+                &ctx,
+                &format!("endpoints[{i}].hints.forZones[{j}].name"),
+                &z.name,
+            )?;
+        }
+        for (j, n) in hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            check_text(
+                &ctx,
+                &format!("endpoints[{i}].hints.forNodes[{j}].name"),
+                &n.name,
+            )?;
+        }
         endpoints.push(SliceEndpoint {
             addr,
             conditions,
@@ -624,6 +691,11 @@ pub fn node(n: &core::Node) -> Result<Node, Rejected> {
     };
     if name.is_empty() {
         return Err(ctx.reject("metadata.name", "", "missing; every Node needs a name"));
+    }
+    check_text(&ctx, "metadata.name", &name)?;
+    let labels: Option<&BTreeMap<String, String>> = n.metadata.labels.as_ref();
+    if let Some(zone) = labels.and_then(|l| l.get(LABEL_ZONE)) {
+        check_text(&ctx, &format!("metadata.labels[\"{LABEL_ZONE}\"]"), zone)?;
     }
 
     let mut internal_ips = Vec::new();
@@ -675,7 +747,6 @@ pub fn node(n: &core::Node) -> Result<Node, Rejected> {
         pod_cidrs.push(net);
     }
 
-    let labels: Option<&BTreeMap<String, String>> = n.metadata.labels.as_ref();
     Ok(Node {
         name,
         internal_ips,

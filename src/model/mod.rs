@@ -285,13 +285,45 @@ pub struct Rejected {
 }
 
 impl fmt::Display for Rejected {
+    /// Every part may hold text from the object, so each is shown through [`printable`]: a
+    /// newline in a name must not start a forged log line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: {} = {:?}: {}",
-            self.object, self.field, self.value, self.reason
+            "{}: {} = \"{}\": {}",
+            printable(&self.object),
+            printable(&self.field),
+            printable(&self.value),
+            printable(&self.reason)
         )
     }
+}
+
+/// The most characters of one piece of object text a message shows; longer text is cut and
+/// marked. Kubernetes names are at most 253 characters.
+const PRINTABLE_MAX: usize = 253;
+
+/// Text from a cluster object as messages show it: control characters (newline, CR, ESC, NUL,
+/// …) escaped as `\n`, `\u{1b}`, so that they can neither forge a log line nor drive a
+/// terminal, and cut after [`PRINTABLE_MAX`] characters.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let clean = !text.chars().any(char::is_control);
+    if clean && text.len() <= PRINTABLE_MAX {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == PRINTABLE_MAX {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 impl ClusterState {

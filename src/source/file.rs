@@ -568,7 +568,7 @@ impl Object<'_> {
     /// `Kind ns/name` (or `Kind name`), or the origin when the name is unreadable.
     fn label(&self) -> String {
         match &self.name {
-            Some(n) => format!("{} {n}", self.kind.name()),
+            Some(n) => format!("{} {}", self.kind.name(), model::printable(n)),
             None => format!("{} ({})", self.kind.name(), self.origin),
         }
     }
@@ -729,9 +729,10 @@ fn classify(origin: &Origin<'_>, value: &Value) -> Result<Kind, Report> {
         .get("apiVersion")
         .and_then(Value::as_str)
         .unwrap_or_default();
+    let kind_shown = model::printable(kind_name);
     let label = match object_name(value, false) {
-        Some(n) => format!("{kind_name} {n}"),
-        None => format!("{kind_name} ({origin})"),
+        Some(n) => format!("{kind_shown} {}", model::printable(&n)),
+        None => format!("{kind_shown} ({origin})"),
     };
     let Some(kind) = Kind::from_name(kind_name) else {
         return Err(Report::Ignored(format!(
@@ -740,7 +741,8 @@ fn classify(origin: &Origin<'_>, value: &Value) -> Result<Kind, Report> {
     };
     if api_version != kind.api_version() {
         return Err(Report::Ignored(format!(
-            "{label}: apiVersion {api_version:?} not used by nodeproxy; valid: {} (in {origin})",
+            "{label}: apiVersion \"{}\" not used by nodeproxy; valid: {} (in {origin})",
+            model::printable(api_version),
             kind.api_version()
         )));
     }

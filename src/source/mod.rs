@@ -41,7 +41,14 @@ pub enum SourceError {
     )]
     TooLarge { path: PathBuf, max_bytes: u64 },
     /// `line` and `column` are 1-based; 0 when the parser did not say where.
-    #[error("{}{}: cannot parse as {format}: {message}", path.display(), position(*line, *column))]
+    /// `message` is the parser's, which may quote the input: shown through
+    /// [`model::printable`].
+    #[error(
+        "{}{}: cannot parse as {format}: {}",
+        path.display(),
+        position(*line, *column),
+        model::printable(message)
+    )]
     Parse {
         path: PathBuf,
         format: &'static str,

@@ -31,7 +31,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch as channel;
 use tokio::task::JoinHandle;
 
-use crate::model::{self, ClusterState, Rejected, ServiceName, convert};
+use crate::model::{self, ClusterState, Rejected, ServiceName, convert, printable};
 
 /// The label selector kube-proxy's informers use for Services and EndpointSlices: objects owned
 /// by another proxy, and the slices of headless Services, are never sent to us.
@@ -742,15 +742,17 @@ impl<K: Kind> Applier<K> {
             Err(rejected) => {
                 let version = obj.resource_version().unwrap_or_default();
                 if self.warned.get(&key) != Some(&version) {
+                    // Every part is object text: escaped, or a newline in a name could forge
+                    // a log line.
+                    let object = printable(&rejected.object);
+                    let field = printable(&rejected.field);
+                    let value = printable(&rejected.value);
                     tracing::warn!(
-                        object = %rejected.object,
-                        field = %rejected.field,
-                        value = %rejected.value,
-                        "{} skipped: {} = {:?}: {}",
-                        rejected.object,
-                        rejected.field,
-                        rejected.value,
-                        rejected.reason
+                        object = %object,
+                        field = %field,
+                        value = %value,
+                        "{object} skipped: {field} = \"{value}\": {}",
+                        printable(&rejected.reason)
                     );
                     self.warned.insert(key.clone(), version);
                 }
