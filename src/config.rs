@@ -424,6 +424,63 @@ impl Field {
 /// The environment variable naming the config file (the `--config` flag wins over it).
 pub const CONFIG_ENV_VAR: &str = "NODEPROXY_CONFIG";
 
+/// `NODEPROXY_*` variables that are not settings but are read (or set for the unit's command
+/// line) all the same.
+const OTHER_ENV_VARS: [&str; 4] = [
+    CONFIG_ENV_VAR,
+    // The log filter (tracing's EnvFilter syntax).
+    "NODEPROXY_LOG",
+    // The packaged unit expands it into extra command-line flags.
+    "NODEPROXY_EXTRA_ARGS",
+    crate::notify::HANG_WRITER_ENV,
+];
+
+/// One warning for each `NODEPROXY_*` variable in `names` that nodeproxy does not read: a
+/// misspelt `NODEPROXY_CLUSTER_CIRD` would otherwise be silently ignored. Names the closest
+/// valid variable when one is near.
+pub fn unknown_env_vars(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    let known: Vec<&str> = Field::ALL
+        .iter()
+        .map(|f| f.env_var())
+        .chain(OTHER_ENV_VARS)
+        .collect();
+    names
+        .into_iter()
+        .filter(|name| name.starts_with("NODEPROXY_") && !known.contains(&name.as_str()))
+        .map(|name| {
+            let closest = known
+                .iter()
+                .map(|k| (edit_distance(&name, k), *k))
+                .min()
+                .filter(|(d, _)| *d <= 3)
+                .map(|(_, k)| format!(" (did you mean {k}?)"))
+                .unwrap_or_default();
+            format!(
+                "environment variable {} is not one nodeproxy reads; ignored{closest}",
+                single_line(&name)
+            )
+        })
+        .collect()
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 /// Where an effective value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -3144,5 +3201,34 @@ mod tests {
             ..Config::default()
         };
         assert!(overlapping_cluster_cidr(&pods_only, &ips).is_empty());
+    }
+
+    #[test]
+    fn unknown_nodeproxy_environment_variables_are_named_with_the_closest_valid_one() {
+        let names = [
+            "NODEPROXY_CLUSTER_CIRD",
+            "NODEPROXY_CLUSTER_CIDR",
+            "NODEPROXY_LOG",
+            "NODEPROXY_EXTRA_ARGS",
+            "NODEPROXY_CONFIG",
+            "NODEPROXY_SOMETHING_ELSE_ENTIRELY",
+            "PATH",
+            "KUBECONFIG",
+        ]
+        .map(String::from);
+        let warnings = unknown_env_vars(names);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].contains("NODEPROXY_CLUSTER_CIRD")
+                && warnings[0].contains("did you mean NODEPROXY_CLUSTER_CIDR?"),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings[1].contains("NODEPROXY_SOMETHING_ELSE_ENTIRELY")
+                && !warnings[1].contains("did you mean"),
+            "{warnings:?}"
+        );
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
     }
 }

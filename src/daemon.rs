@@ -134,6 +134,7 @@ pub fn fetch(config: &Config) -> Result<Loaded, DaemonError> {
             state: cluster.snapshot(),
             rejected: cluster.rejected(),
             ignored: Vec::new(),
+            replaced: Vec::new(),
         })
     })
 }

@@ -30,10 +30,26 @@ pub fn parse_destination(text: &str) -> Result<(IpAddr, u16, Protocol), String> 
         Some((addr, proto)) => (addr, parse_protocol(proto)?),
         None => (text, Protocol::Tcp),
     };
-    let sock: SocketAddr = addr.parse().map_err(|_| {
+    let usage = || {
         format!("`{addr}` is not ADDRESS:PORT; write e.g. 10.96.0.10:53/udp or [fd00::10]:53/udp")
-    })?;
-    Ok((sock.ip(), sock.port(), proto))
+    };
+    if let Ok(sock) = addr.parse::<SocketAddr>() {
+        if sock.port() == 0 {
+            return Err("port 0 is not a port a connection can be made to; valid: 1-65535".into());
+        }
+        return Ok((sock.ip(), sock.port(), proto));
+    }
+    // Say what is wrong when only the port is: `10.96.0.10:99999` is out of range, not
+    // malformed.
+    let (host, port) = addr.rsplit_once(':').ok_or_else(usage)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.parse::<IpAddr>().is_ok()
+        && !port.is_empty()
+        && port.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(format!("port {port} is out of range; valid: 1-65535"));
+    }
+    Err(usage())
 }
 
 fn parse_protocol(text: &str) -> Result<Protocol, String> {

@@ -37,6 +37,10 @@ fn main() -> ExitCode {
         }
     };
     init_logging(loaded.config.log_format, loaded.verbosity);
+    let env_names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+    for warning in config::unknown_env_vars(env_names) {
+        tracing::warn!("{warning}");
+    }
     match run(&loaded) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -44,7 +48,7 @@ fn main() -> ExitCode {
                 Ok(UsageError(inner)) => (2, inner),
                 Err(other) => (1, other),
             };
-            tracing::error!("{err:#}");
+            tracing::error!("{}", report(&err));
             ExitCode::from(code)
         }
     }
@@ -52,8 +56,42 @@ fn main() -> ExitCode {
 
 impl std::fmt::Display for UsageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:#}", self.0)
+        f.write_str(&report(&self.0))
     }
+}
+
+/// Whether a daemon error is the operator's to fix (exit 2): the configuration, or no usable
+/// way to reach the API server (no kubeconfig and not in a pod, a kubeconfig that does not
+/// load, a `--master` that is not a URL).
+fn is_usage(err: &nodeproxy::daemon::DaemonError) -> bool {
+    use nodeproxy::daemon::DaemonError;
+    use source::watch::WatchError;
+    matches!(
+        err,
+        DaemonError::Config(_)
+            | DaemonError::Client(
+                WatchError::InCluster { .. }
+                    | WatchError::Kubeconfig { .. }
+                    | WatchError::Master { .. }
+            )
+    )
+}
+
+/// An error and its causes on one line, each cause once: a layer whose message already quotes
+/// its cause (ours and some of kube's do) does not get it appended a second time.
+fn report(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 impl std::error::Error for UsageError {}
@@ -168,9 +206,12 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
                 ))
                 .into());
             }
-            nodeproxy::daemon::run(config).map_err(|e| match e {
-                nodeproxy::daemon::DaemonError::Config(c) => UsageError(c.into()).into(),
-                other => anyhow::Error::from(other),
+            nodeproxy::daemon::run(config).map_err(|e| {
+                if is_usage(&e) {
+                    UsageError(e.into()).into()
+                } else {
+                    anyhow::Error::from(e)
+                }
             })
         }
     }
@@ -233,7 +274,11 @@ fn desired_inputs(options: &config::Loaded) -> anyhow::Result<(ClusterState, Set
     let started = std::time::Instant::now();
     let (loaded, from) = if config.from_file.is_empty() {
         // No files: the API server, read once through the same watches the daemon uses.
-        let loaded = nodeproxy::daemon::fetch(config).context("reading the API server")?;
+        let loaded = nodeproxy::daemon::fetch(config).map_err(|e| {
+            let usage = is_usage(&e);
+            let err = anyhow::Error::from(e).context("reading the API server");
+            if usage { UsageError(err).into() } else { err }
+        })?;
         (loaded, "the API server")
     } else {
         let loaded = source::file::load_files_limited(&config.from_file, options.max_input_bytes)
@@ -254,6 +299,9 @@ fn desired_inputs(options: &config::Loaded) -> anyhow::Result<(ClusterState, Set
     }
     for ignored in &loaded.ignored {
         tracing::debug!("ignored: {ignored}");
+    }
+    for replaced in &loaded.replaced {
+        tracing::warn!("{replaced}");
     }
     if loaded.state.services.is_empty() && !options.allow_empty {
         // An empty file is what a failed `kubectl get > file` leaves behind; programming it

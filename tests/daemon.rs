@@ -671,3 +671,37 @@ fn a_relist_without_any_service_after_having_some_is_a_warning() {
         assert!(warning.contains("after 1 before"), "{warning}");
     });
 }
+
+#[test]
+fn an_api_server_never_reached_is_retried_with_a_growing_delay_and_never_called_back() {
+    in_netns(|| {
+        let env = Env::new("unreachable");
+        env.populate();
+        env.api.go_down();
+        let d = env.start("daemon");
+        std::thread::sleep(Duration::from_secs(12));
+        let log = d.log();
+        assert!(
+            !log.contains("reachable again"),
+            "the API server was never reachable:\n{log}"
+        );
+        // One warning when the Service watch first fails, then a debug line per retry. With
+        // the delay stuck at its first step (the old behaviour) there were 12 or more retries
+        // in 12 s; kube's default backoff (0.8 s doubling, with jitter) allows about 4.
+        let retries = log
+            .lines()
+            .filter(|l| l.contains("Service watch still failing"))
+            .count();
+        assert!(
+            log.contains("lost the API server (Service watch)"),
+            "no warning:\n{log}"
+        );
+        assert!(retries <= 7, "{retries} retries in 12 s:\n{log}");
+        // And once it answers, the daemon says so and programs the rules.
+        env.rt.block_on(env.api.come_back());
+        wait_until("the Service is programmed", Duration::from_secs(60), || {
+            table_has("10.96.0.10")
+        });
+        assert!(d.log().contains("reachable again"), "{}", d.log());
+    });
+}

@@ -360,3 +360,105 @@ fn control_characters_in_object_text_are_rejected_and_never_printed_raw() {
         assert!(!ruleset.contains(ip), "{ip} programmed:\n{ruleset}");
     }
 }
+
+#[test]
+fn messages_say_what_is_wrong_once_at_the_right_level() {
+    let scratch = Scratch::new("messages");
+    let lock = scratch.0.join("np.lock");
+    let example = root()
+        .join("examples/cluster.yaml")
+        .to_string_lossy()
+        .into_owned();
+
+    // No way to reach an API server: a configuration error (2), said once.
+    let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        .env_remove("NODEPROXY_CONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env("NODEPROXY_LOCK_FILE", &lock)
+        .args(["--dry-run", "--hostname-override", "node-a"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert_eq!(text.matches("no --kubeconfig").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("environment variable not found").count(),
+        1,
+        "{text}"
+    );
+
+    // The same Service in two files: the replacement is a warning, not a debug note.
+    let again = scratch.file(
+        "again.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {namespace: default, name: kubernetes}\n\
+         spec:\n  clusterIP: 10.96.0.1\n  ports: [{name: https, port: 443, protocol: TCP}]\n",
+    );
+    let out = nodeproxy(
+        &["--dry-run", "--from-file", &example, "--from-file", &again],
+        &lock,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("defined again")),
+        "{}",
+        stderr(&out)
+    );
+
+    // A key given twice is an error naming it.
+    let twice = scratch.file(
+        "twice.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {namespace: a, name: b}\nspec:\n  \
+         clusterIP: 10.96.0.1\n  clusterIP: 10.96.0.2\n  ports: [{port: 80}]\n",
+    );
+    let out = nodeproxy(&["--dry-run", "--from-file", &twice], &lock);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("duplicate key `clusterIP`"),
+        "{}",
+        stderr(&out)
+    );
+
+    // explain names an out-of-range port as such.
+    let out = nodeproxy(
+        &[
+            "explain",
+            "--from-file",
+            &example,
+            "10.244.1.5",
+            "10.96.0.10:99999/udp",
+        ],
+        &lock,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("port 99999 is out of range"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A misspelt NODEPROXY_* variable is a warning naming the right one.
+    let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        .env_remove("NODEPROXY_CONFIG")
+        .env("NODEPROXY_LOCK_FILE", &lock)
+        .env("NODEPROXY_CLUSTER_CIRD", "10.244.0.0/16")
+        .args([
+            "--dry-run",
+            "--hostname-override",
+            "node-a",
+            "--from-file",
+            &example,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).lines().any(|l| l.contains("WARN")
+            && l.contains("NODEPROXY_CLUSTER_CIRD")
+            && l.contains("did you mean NODEPROXY_CLUSTER_CIDR?")),
+        "{}",
+        stderr(&out)
+    );
+}

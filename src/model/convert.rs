@@ -587,7 +587,9 @@ pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSli
 
     let mut ports = Vec::new();
     for (i, p) in s.ports.iter().flatten().enumerate() {
-        let Some(number) = p.port.filter(|&n| n != 0) else {
+        // No port means "all ports" for a selector-less Service, which kube-proxy skips too;
+        // a port of 0 is invalid like 65536 (the API server refuses both).
+        let Some(number) = p.port else {
             continue;
         };
         if let Some(port_name) = &p.name {

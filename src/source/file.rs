@@ -281,7 +281,7 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
     }
 
     fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Parsed, D::Error> {
-        Value::deserialize(deserializer).map(Parsed::Value)
+        Strict::deserialize(deserializer).map(|v| Parsed::Value(v.0))
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Parsed, E> {
@@ -290,9 +290,10 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Parsed, A::Error> {
         let Shape::Items(reader) = self else {
-            return Value::deserialize(SeqAccessDeserializer::new(seq)).map(Parsed::Value);
+            return Strict::deserialize(SeqAccessDeserializer::new(seq))
+                .map(|v| Parsed::Value(v.0));
         };
-        while let Some(value) = seq.next_element::<Value>()? {
+        while let Some(Strict(value)) = seq.next_element::<Strict>()? {
             flatten(value, &mut |v| reader.item(v));
         }
         Ok(Parsed::List)
@@ -300,7 +301,8 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Parsed, A::Error> {
         let Shape::Document(reader) = self else {
-            return Value::deserialize(MapAccessDeserializer::new(map)).map(Parsed::Value);
+            return Strict::deserialize(MapAccessDeserializer::new(map))
+                .map(|v| Parsed::Value(v.0));
         };
         let (first_entry, first_ordinal) = (reader.entries.len(), reader.ordinal);
         // Everything but `items`: a few small values.
@@ -316,15 +318,13 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
                 map.next_key::<String>()?
             };
             let Some(key) = key else { break };
+            if rest.contains_key(&key) || (key == "items" && listed) {
+                return Err(de::Error::custom(duplicate_key(&key)));
+            }
             if key != "items" {
-                let value: Value = map.next_value()?;
+                let Strict(value) = map.next_value()?;
                 rest.insert(key, value);
                 continue;
-            }
-            // A repeated key replaces the earlier value, as in a `Value`.
-            if listed {
-                reader.entries.truncate(first_entry);
-                reader.ordinal = first_ordinal;
             }
             match map.next_value_seed(Shape::Items(&mut *reader))? {
                 Parsed::Value(value) => {
@@ -350,6 +350,98 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
         reader.entries.truncate(first_entry);
         reader.ordinal = first_ordinal;
         Ok(Parsed::NotAList)
+    }
+}
+
+/// A [`Value`] read as `Value::deserialize` reads it, except that a key repeated within one
+/// mapping is an error: serde_json and serde_yaml would keep the last one silently, and two
+/// `clusterIP`s or `ports` in one object mean the file is not what its author thinks.
+struct Strict(Value);
+
+fn duplicate_key(key: &str) -> String {
+    format!(
+        "duplicate key `{}` in one mapping (which one is meant?)",
+        model::printable(key)
+    )
+}
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Strict, D::Error> {
+        deserializer.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<Value, E> {
+        Value::deserialize(de::value::I128Deserializer::new(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Value, E> {
+        Value::deserialize(de::value::U128Deserializer::new(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Value::deserialize(de::value::F64Deserializer::new(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        Strict::deserialize(deserializer).map(|v| v.0)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        while let Some(Strict(value)) = seq.next_element()? {
+            items.push(value);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(de::Error::custom(duplicate_key(&key)));
+            }
+            let Strict(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
     }
 }
 
@@ -419,8 +511,9 @@ impl<'t> Reparser<'t> {
                 let rest = text
                     .get(stream.byte_offset()..)
                     .ok_or_else(|| lost(path, "JSON", index))?;
-                let value = Value::deserialize(&mut serde_json::Deserializer::from_str(rest))
-                    .map_err(|e| json_error(path, &e))?;
+                let Strict(value) =
+                    Strict::deserialize(&mut serde_json::Deserializer::from_str(rest))
+                        .map_err(|e| json_error(path, &e))?;
                 skip_json(path, stream, next, index + 1)?;
                 Ok(value)
             }
@@ -430,7 +523,9 @@ impl<'t> Reparser<'t> {
                     .ok_or_else(|| lost(path, "YAML", index))?;
                 let doc = docs.nth(skip).ok_or_else(|| lost(path, "YAML", index))?;
                 *next = index + 1;
-                Value::deserialize(doc).map_err(|e| yaml_error(path, &e))
+                Strict::deserialize(doc)
+                    .map(|v| v.0)
+                    .map_err(|e| yaml_error(path, &e))
             }
         }
     }
@@ -667,7 +762,7 @@ fn assemble(mut entries: Vec<Option<Entry<'_>>>) -> Loaded {
             && let Some(earlier) = seen.insert((object.kind, name.clone()), index)
             && let Some(Some(Entry::Object(old))) = entries.get_mut(earlier).map(Option::take)
         {
-            loaded.ignored.push(format!(
+            loaded.replaced.push(format!(
                 "{}: defined again in {}; the definition in {} is replaced",
                 object.label(),
                 object.origin,

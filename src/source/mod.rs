@@ -23,6 +23,8 @@ pub struct Loaded {
     /// Objects read but not used, each with the reason, e.g.
     /// `ConfigMap kube-system/foo: kind not used by nodeproxy`.
     pub ignored: Vec<String>,
+    /// Notes worth a warning: an object defined twice, whose earlier definition is replaced.
+    pub replaced: Vec<String>,
 }
 
 /// A source that produced nothing usable. The binary exits with status 2 on it.

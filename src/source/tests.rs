@@ -394,16 +394,16 @@ fn a_duplicate_object_in_a_later_file_wins_and_is_noted() {
         svc.cluster_ips,
         vec!["10.96.0.2".parse::<IpAddr>().unwrap()]
     );
-    assert_eq!(loaded.ignored.len(), 1);
+    assert_eq!(loaded.replaced.len(), 1);
     assert!(
-        loaded.ignored[0].contains("2.yaml"),
+        loaded.replaced[0].contains("2.yaml"),
         "{}",
-        loaded.ignored[0]
+        loaded.replaced[0]
     );
     assert!(
-        loaded.ignored[0].contains("1.yaml"),
+        loaded.replaced[0].contains("1.yaml"),
         "{}",
-        loaded.ignored[0]
+        loaded.replaced[0]
     );
 }
 
@@ -518,11 +518,11 @@ fn a_node_is_keyed_by_name_even_if_a_namespace_is_written() {
     let with_ns = NODE.replace("  name: node-a\n", "  name: node-a\n  namespace: default\n");
     let loaded = load_one("nodes.yaml", &list(&[NODE, &with_ns])).unwrap();
     assert_eq!(loaded.state.nodes.len(), 1);
-    assert_eq!(loaded.ignored.len(), 1, "{:?}", loaded.ignored);
+    assert_eq!(loaded.replaced.len(), 1, "{:?}", loaded.replaced);
     assert!(
-        loaded.ignored[0].starts_with("Node node-a: defined again"),
+        loaded.replaced[0].starts_with("Node node-a: defined again"),
         "{:?}",
-        loaded.ignored
+        loaded.replaced
     );
 }
 
@@ -560,7 +560,8 @@ fn a_document_with_items_that_is_not_a_list_is_one_object() {
         let r = &loaded.rejected[0];
         assert_eq!(r.field, "kind", "{name}");
         assert!(r.object.ends_with(", item 3)"), "{name}: {r}");
-        assert_eq!(loaded.ignored.len(), 2, "{name}: {:?}", loaded.ignored);
+        assert_eq!(loaded.ignored.len(), 1, "{name}: {:?}", loaded.ignored);
+        assert_eq!(loaded.replaced.len(), 1, "{name}: {:?}", loaded.replaced);
         assert!(
             loaded.ignored[0].starts_with("Thing t: kind not used by nodeproxy"),
             "{name}: {:?}",
@@ -572,9 +573,9 @@ fn a_document_with_items_that_is_not_a_list_is_one_object() {
             loaded.ignored
         );
         assert!(
-            loaded.ignored[1].contains("item 4") && loaded.ignored[1].contains("item 1"),
+            loaded.replaced[0].contains("item 4") && loaded.replaced[0].contains("item 1"),
             "{name}: {:?}",
-            loaded.ignored
+            loaded.replaced
         );
     }
 }
@@ -598,11 +599,11 @@ fn several_json_values_each_may_be_a_list() {
         "{}",
         loaded.rejected[0]
     );
-    assert_eq!(loaded.ignored.len(), 1, "{:?}", loaded.ignored);
+    assert_eq!(loaded.replaced.len(), 1, "{:?}", loaded.replaced);
     assert!(
-        loaded.ignored[0].starts_with("Node node-a: defined again in"),
+        loaded.replaced[0].starts_with("Node node-a: defined again in"),
         "{:?}",
-        loaded.ignored
+        loaded.replaced
     );
 }
 
@@ -622,29 +623,38 @@ fn a_syntax_error_deep_in_the_items_names_its_line() {
 }
 
 #[test]
-fn a_repeated_items_key_replaces_the_earlier_one() {
-    let text = format!(
-        "kind: List\nitems:\n- {}\nitems:\n- {}\n",
-        r#"{apiVersion: v1, kind: Node, metadata: {name: a}}"#,
-        r#"{apiVersion: v1, kind: Node, metadata: {name: b}}"#
-    );
-    // YAML forbids duplicate keys in a mapping; whatever the parser does, it must be what it
-    // did before reading streamed.
-    if let Ok(loaded) = load_one("dup.yaml", &text) {
-        let nodes: Vec<_> = loaded.state.nodes.keys().cloned().collect();
-        assert_eq!(nodes, ["b"]);
+fn a_key_repeated_in_one_mapping_is_a_parse_error_naming_it() {
+    let node =
+        |name: &str| format!(r#"{{apiVersion: v1, kind: Node, metadata: {{name: {name}}}}}"#);
+    let yaml = [
+        format!(
+            "kind: List\nitems:\n- {}\nitems:\n- {}\n",
+            node("a"),
+            node("b")
+        ),
+        "apiVersion: v1\nkind: Service\nmetadata: {namespace: a, name: b}\nspec:\n  \
+         clusterIP: 10.96.0.1\n  clusterIP: 10.96.0.2\n"
+            .to_string(),
+        "kind: List\nitems:\n- {apiVersion: v1, kind: Node, kind: Node, metadata: {name: a}}\n"
+            .to_string(),
+    ];
+    for text in &yaml {
+        let err = load_one("dup.yaml", text).unwrap_err().to_string();
+        assert!(err.contains("duplicate key"), "{text}: {err}");
     }
-    let text = r#"{"kind": "List",
+    let json = [
+        r#"{"kind": "List",
         "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}],
-        "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "b"}}]}"#;
-    let loaded = load_one("dup.json", text).unwrap();
-    let nodes: Vec<_> = loaded.state.nodes.keys().cloned().collect();
-    assert_eq!(nodes, ["b"]);
-    assert!(loaded.ignored.is_empty(), "{:?}", loaded.ignored);
-    let text = r#"{"kind": "List",
+        "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "b"}}]}"#,
+        r#"{"kind": "List",
         "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}],
-        "items": 5}"#;
-    let loaded = load_one("dup.json", text).unwrap();
-    assert!(loaded.state.nodes.is_empty());
-    assert_eq!(loaded.ignored.len(), 1, "{:?}", loaded.ignored);
+        "items": 5}"#,
+        r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a", "name": "b"}}"#,
+        r#"{"kind": "Node", "items": [], "apiVersion": "v1", "kind": "List"}"#,
+    ];
+    for text in json {
+        let err = load_one("dup.json", text).unwrap_err().to_string();
+        assert!(err.contains("duplicate key"), "{text}: {err}");
+        assert!(err.contains("dup.json:"), "{text}: {err}");
+    }
 }

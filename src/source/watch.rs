@@ -579,6 +579,42 @@ fn backoff(options: &WatchOptions) -> Box<dyn Backoff> {
     }
 }
 
+/// A backoff that starts over only after the API server answered with data.
+///
+/// kube's stream backoff resets on every `Ok` item, and the watcher yields `Event::Init` before
+/// each list attempt, whether the list then succeeds or not: against an API server that was
+/// never reachable the delay stayed at its first step (about one attempt a second, each logged
+/// as "reachable again") instead of growing to its 30 s ceiling.
+struct ProgressBackoff {
+    inner: Box<dyn Backoff>,
+    /// Set by the stream for every event but `Init`; taken by `reset`.
+    answered: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Iterator for ProgressBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        self.inner.next()
+    }
+}
+
+impl Backoff for ProgressBackoff {
+    fn reset(&mut self) {
+        if self
+            .answered
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.inner.reset();
+        }
+    }
+}
+
+/// Whether an event shows that the API server answered: everything but the `Init` the watcher
+/// yields before it even tries to list.
+fn is_answer<K>(event: &Event<K>) -> bool {
+    !matches!(event, Event::Init)
+}
+
 /// One kind's watch: applies events to the shared state until the handle is dropped.
 async fn run<K: Kind>(
     api: Api<K>,
@@ -588,12 +624,24 @@ async fn run<K: Kind>(
     node_name: Option<String>,
 ) {
     let mut applier = Applier::<K>::new(shared, node_name);
-    let mut stream = std::pin::pin!(watcher::watcher(api, config).backoff(backoff(&options)));
+    let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&answered);
+    // The flag is set before the backoff sees the item, so a real answer resets the delay at
+    // once and an `Init` alone never does.
+    let events = watcher::watcher(api, config).inspect(move |item| {
+        if matches!(item, Ok(event) if is_answer(event)) {
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let mut stream = std::pin::pin!(events.backoff(ProgressBackoff {
+        inner: backoff(&options),
+        answered,
+    }));
     let mut lost = false;
     while let Some(item) = stream.next().await {
         match item {
             Ok(event) => {
-                if lost {
+                if lost && is_answer(&event) {
                     tracing::info!(
                         kind = K::NAME,
                         "{} watch: API server reachable again",

@@ -532,11 +532,16 @@ fn slice_port_name_defaults_to_empty_and_protocol_to_tcp() {
 
 #[test]
 fn a_slice_port_without_a_number_is_skipped_and_the_others_kept() {
-    let s = slice_ok(
-        json!({"ports": [{"name": "a"}, {"name": "b", "port": 0}, {"name": "c", "port": 9}]}),
-    );
+    let s = slice_ok(json!({"ports": [{"name": "a"}, {"name": "c", "port": 9}]}));
     let names: Vec<_> = s.ports.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["c"]);
+}
+
+#[test]
+fn a_slice_port_of_zero_is_rejected_like_one_too_large() {
+    let r = slice_err(json!({"ports": [{"name": "c", "port": 9}, {"name": "b", "port": 0}]}));
+    assert_eq!(r.field, "ports[1].port");
+    assert!(r.reason.contains("valid: 1..=65535"), "{r}");
 }
 
 #[test]
