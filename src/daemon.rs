@@ -135,6 +135,7 @@ pub fn fetch(config: &Config) -> Result<Loaded, DaemonError> {
             rejected: cluster.rejected(),
             ignored: Vec::new(),
             replaced: Vec::new(),
+            dropped: Vec::new(),
         })
     })
 }
@@ -730,6 +731,9 @@ struct Writer<K: Kernel> {
     progress: Progress,
     /// The test-only fault switch [`notify::HANG_WRITER_ENV`].
     hang_switch: Option<std::path::PathBuf>,
+    /// [`ruleset::address_warnings`] of the last full sync: each is logged when it appears,
+    /// not at every full sync while it lasts.
+    address_warnings: BTreeSet<String>,
 }
 
 impl<K: Kernel> Writer<K> {
@@ -753,6 +757,7 @@ impl<K: Kernel> Writer<K> {
             last_full_rebuild: None,
             progress: Progress::default(),
             hang_switch: None,
+            address_warnings: BTreeSet::new(),
         }
     }
 
@@ -841,6 +846,13 @@ impl<K: Kernel> Writer<K> {
     fn sync_all(&mut self, state: ClusterState, verify: bool) -> Result<Done, NftError> {
         let outcome = self.syncer.sync(&state, &self.settings, verify)?;
         self.last_full_rebuild = Some(Instant::now());
+        let warnings: BTreeSet<String> = crate::ruleset::address_warnings(&state, &self.settings)
+            .into_iter()
+            .collect();
+        for warning in warnings.difference(&self.address_warnings) {
+            tracing::warn!("{warning}");
+        }
+        self.address_warnings = warnings;
         let delta = self.caches.rebuild(&state, &self.settings.node_name);
         Ok(Done {
             outcome,

@@ -300,6 +300,9 @@ fn desired_inputs(options: &config::Loaded) -> anyhow::Result<(ClusterState, Set
     for ignored in &loaded.ignored {
         tracing::debug!("ignored: {ignored}");
     }
+    for dropped in &loaded.dropped {
+        tracing::warn!("{dropped}");
+    }
     for replaced in &loaded.replaced {
         tracing::warn!("{replaced}");
     }

@@ -462,3 +462,154 @@ fn messages_say_what_is_wrong_once_at_the_right_level() {
         stderr(&out)
     );
 }
+
+#[test]
+fn special_addresses_and_the_nodes_own_are_never_programmed_as_service_addresses() {
+    let scratch = Scratch::new("special");
+    let lock = scratch.0.join("np.lock");
+    let svc = |name: &str, cluster_ip: &str, extra: &str| {
+        format!(
+            "- apiVersion: v1\n  kind: Service\n  metadata: {{namespace: shop, name: {name}}}\n  \
+             spec:\n    clusterIP: \"{cluster_ip}\"\n    ports: [{{name: http, port: 80, \
+             protocol: TCP, targetPort: 8080}}]\n{extra}"
+        )
+    };
+    let mut text = String::from(
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Node\n  metadata: \
+         {name: node-a}\n  status:\n    addresses: [{type: InternalIP, address: 192.0.2.11}, \
+         {type: InternalIP, address: \"2001:db8::11\"}]\n",
+    );
+    for (name, ip) in [
+        ("loopback", "127.0.0.1"),
+        ("unspecified", "0.0.0.0"),
+        ("broadcast", "255.255.255.255"),
+        ("multicast", "224.0.0.251"),
+        ("linklocal", "169.254.169.254"),
+        ("loopback6", "::1"),
+        ("linklocal6", "fe80::1"),
+    ] {
+        text.push_str(&svc(name, ip, ""));
+    }
+    text.push_str(&svc("nodeaddress", "192.0.2.11", ""));
+    text.push_str(&svc(
+        "mixed",
+        "203.0.113.30",
+        "    externalIPs: [169.254.169.254, 203.0.113.60]\n  status:\n    loadBalancer:\n      \
+         ingress: [{ip: 0.0.0.0}, {ip: 203.0.113.61}]\n",
+    ));
+    text.push_str(
+        "- apiVersion: discovery.k8s.io/v1\n  kind: EndpointSlice\n  metadata:\n    namespace: \
+         shop\n    name: mixed-1\n    labels: {kubernetes.io/service-name: mixed}\n  \
+         addressType: IPv4\n  ports: [{name: http, port: 8080, protocol: TCP}]\n  endpoints:\n  \
+         - addresses: [127.0.0.1]\n  - addresses: [198.51.100.10]\n",
+    );
+    let input = scratch.file("special.yaml", &text);
+    let out = nodeproxy(&["--dry-run", "--from-file", &input], &lock);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (log, ruleset) = (
+        stderr(&out),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    );
+    for (name, class) in [
+        ("loopback", "loopback"),
+        ("unspecified", "unspecified"),
+        ("broadcast", "broadcast"),
+        ("multicast", "multicast"),
+        ("linklocal", "link-local"),
+        ("loopback6", "loopback"),
+        ("linklocal6", "link-local"),
+    ] {
+        assert!(
+            log.lines().any(|l| l.contains("WARN")
+                && l.contains(&format!("Service shop/{name}: spec.clusterIP"))
+                && l.contains(class)),
+            "no warning for shop/{name}:\n{log}"
+        );
+    }
+    for ip in [
+        "127.0.0.1",
+        "0.0.0.0",
+        "255.255.255.255",
+        "224.0.0.251",
+        "169.254.169.254",
+        "::1",
+        "fe80::1",
+    ] {
+        assert!(
+            !ruleset.contains(&format!(" {ip} ")) && !ruleset.contains(&format!(" {ip} .")),
+            "{ip} programmed:\n{ruleset}"
+        );
+    }
+    // The node's own address as a ClusterIP: left out, with a warning.
+    assert!(
+        log.contains("Service shop/nodeaddress: ClusterIP 192.0.2.11 is an address of this node"),
+        "{log}"
+    );
+    assert!(!ruleset.contains("192.0.2.11 . tcp . 80"), "{ruleset}");
+    // The rest of `mixed` is used: its ClusterIP, the good externalIP and LB IP, the good
+    // endpoint; each special address is reported as left out.
+    for kept in [
+        "203.0.113.30",
+        "203.0.113.60",
+        "203.0.113.61",
+        "198.51.100.10",
+    ] {
+        assert!(ruleset.contains(kept), "{kept} missing:\n{ruleset}");
+    }
+    for field in [
+        "spec.externalIPs[0]",
+        "status.loadBalancer.ingress[0].ip",
+        "endpoints[0].addresses[0]",
+    ] {
+        assert!(
+            log.lines().any(|l| l.contains("WARN")
+                && l.contains(field)
+                && l.contains("left out; the rest of the object is used")),
+            "no warning for {field}:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn a_cluster_ip_outside_the_service_cidr_is_a_warning() {
+    let scratch = Scratch::new("servicecidr");
+    let lock = scratch.0.join("np.lock");
+    let example = root()
+        .join("examples/cluster.yaml")
+        .to_string_lossy()
+        .into_owned();
+    let out = nodeproxy(
+        &[
+            "--dry-run",
+            "--from-file",
+            &example,
+            "--service-cidr",
+            "10.96.0.0/16,fd00:10:96::/112",
+        ],
+        &lock,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("outside --service-cidr"),
+        "{}",
+        stderr(&out)
+    );
+    let out = nodeproxy(
+        &[
+            "--dry-run",
+            "--from-file",
+            &example,
+            "--service-cidr",
+            "10.97.0.0/16",
+        ],
+        &lock,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("is outside --service-cidr (10.97.0.0/16)")),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -137,9 +137,54 @@ fn first_cluster_ip(spec: &core::ServiceSpec) -> Option<&str> {
     }
 }
 
+/// What an address of a Service or endpoint must never be, whatever the API server allowed:
+/// the class it falls in, or `None` for an ordinary address.
+///
+/// A ClusterIP of 127.0.0.1 turns every loopback connection on the node into a DNAT to the
+/// Service; an unspecified, broadcast or multicast destination is not a connection's; link-local
+/// addresses (169.254.0.0/16, fe80::/10) are per-link and include the cloud metadata endpoint.
+pub fn special_address(ip: &IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(a) if a.is_unspecified() || a.octets()[0] == 0 => {
+            Some("unspecified (0.0.0.0/8)")
+        }
+        IpAddr::V4(a) if a.is_loopback() => Some("loopback (127.0.0.0/8)"),
+        IpAddr::V4(a) if a.is_broadcast() => Some("broadcast (255.255.255.255)"),
+        IpAddr::V4(a) if a.is_multicast() => Some("multicast (224.0.0.0/4)"),
+        IpAddr::V4(a) if a.is_link_local() => Some("link-local (169.254.0.0/16)"),
+        IpAddr::V6(a) if a.is_unspecified() => Some("unspecified (::)"),
+        IpAddr::V6(a) if a.is_loopback() => Some("loopback (::1)"),
+        IpAddr::V6(a) if a.is_multicast() => Some("multicast (ff00::/8)"),
+        IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80 => Some("link-local (fe80::/10)"),
+        _ => None,
+    }
+}
+
+/// [`ip_field`] for an address that must also not be [`special_address`].
+fn routable_ip_field(ctx: &Ctx, field: &str, raw: &str) -> Result<IpAddr, Rejected> {
+    let ip = ip_field(ctx, field, raw)?;
+    match special_address(&ip) {
+        None => Ok(ip),
+        Some(class) => Err(ctx.reject(
+            field,
+            raw,
+            format!("a {class} address; valid: an address a Service can be reached at"),
+        )),
+    }
+}
+
 /// Converts a Service. `Ok(None)` for Services kube-proxy does not proxy (see
 /// [`ignored_service_reason`]).
 pub fn service(svc: &core::Service) -> Result<Option<Service>, Rejected> {
+    service_noting(svc, &mut Vec::new())
+}
+
+/// [`service`], pushing onto `dropped` a report for each address that was left out while the
+/// rest of the Service is used (a special externalIP or load-balancer IP).
+pub fn service_noting(
+    svc: &core::Service,
+    dropped: &mut Vec<Rejected>,
+) -> Result<Option<Service>, Rejected> {
     let name = names("Service", &svc.metadata)?;
     let ctx = Ctx {
         object: format!("Service {name}"),
@@ -168,7 +213,13 @@ pub fn service(svc: &core::Service) -> Result<Option<Service>, Rejected> {
 
     let mut external_ips = Vec::new();
     for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
-        external_ips.push(ip_field(&ctx, &format!("spec.externalIPs[{i}]"), raw)?);
+        let field = format!("spec.externalIPs[{i}]");
+        let ip = ip_field(&ctx, &field, raw)?;
+        // One bad address need not take the Service's ClusterIP and other addresses with it.
+        match routable_ip_field(&ctx, &field, raw) {
+            Ok(_) => external_ips.push(ip),
+            Err(report) => dropped.push(dropped_report(report)),
+        }
     }
 
     let mut load_balancer_ips = Vec::new();
@@ -186,11 +237,12 @@ pub fn service(svc: &core::Service) -> Result<Option<Service>, Rejected> {
         let Some(raw) = ing.ip.as_deref().filter(|ip| !ip.is_empty()) else {
             continue;
         };
-        load_balancer_ips.push(ip_field(
-            &ctx,
-            &format!("status.loadBalancer.ingress[{i}].ip"),
-            raw,
-        )?);
+        let field = format!("status.loadBalancer.ingress[{i}].ip");
+        let ip = ip_field(&ctx, &field, raw)?;
+        match routable_ip_field(&ctx, &field, raw) {
+            Ok(_) => load_balancer_ips.push(ip),
+            Err(report) => dropped.push(dropped_report(report)),
+        }
     }
 
     let mut load_balancer_source_ranges = Vec::new();
@@ -299,7 +351,7 @@ fn cluster_ips(ctx: &Ctx, spec: &core::ServiceSpec) -> Result<Vec<IpAddr>, Rejec
     let mut ips: Vec<IpAddr> = Vec::with_capacity(raw_ips.len());
     for (i, raw) in raw_ips.iter().enumerate() {
         let path = path(i);
-        let ip = ip_field(ctx, &path, raw)?;
+        let ip = routable_ip_field(ctx, &path, raw)?;
         if let Some(prev) = ips.iter().find(|p| IpFamily::of(p) == IpFamily::of(&ip)) {
             return Err(ctx.reject(
                 path,
@@ -541,6 +593,23 @@ pub fn parse_cidr(raw: &str) -> Option<ipnet::IpNet> {
 /// slice's family rejects the whole slice, since the controller never writes one and the slice
 /// is then not trustworthy.
 pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSlice>, Rejected> {
+    endpoint_slice_noting(s, &mut Vec::new())
+}
+
+/// A field report for something left out of an object that is otherwise used.
+fn dropped_report(mut report: Rejected) -> Rejected {
+    report
+        .reason
+        .push_str(" (left out; the rest of the object is used)");
+    report
+}
+
+/// [`endpoint_slice`], pushing onto `dropped` a report for each endpoint left out while the
+/// rest of the slice is used (one at a special address).
+pub fn endpoint_slice_noting(
+    s: &discovery::EndpointSlice,
+    dropped: &mut Vec<Rejected>,
+) -> Result<Option<EndpointSlice>, Rejected> {
     let name = names("EndpointSlice", &s.metadata)?;
     let ctx = Ctx {
         object: format!("EndpointSlice {name}"),
@@ -611,6 +680,10 @@ pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSli
         };
         let field = format!("endpoints[{i}].addresses[0]");
         let addr = ip_field(&ctx, &field, raw)?;
+        if let Err(report) = routable_ip_field(&ctx, &field, raw) {
+            dropped.push(dropped_report(report));
+            continue;
+        }
         if IpFamily::of(&addr) != family {
             return Err(ctx.reject(
                 field,

@@ -258,6 +258,11 @@ impl Node {
             .copied()
             .find(|ip| IpFamily::of(ip) == family)
     }
+
+    /// Whether `ip` is one of the node's addresses (an InternalIP or ExternalIP).
+    pub fn owns(&self, ip: &IpAddr) -> bool {
+        self.internal_ips.contains(ip) || self.external_ips.contains(ip)
+    }
 }
 
 /// Everything the ruleset is built from. Keyed maps keep iteration deterministic.

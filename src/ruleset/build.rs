@@ -357,6 +357,11 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
         let Some(cluster_ip) = svc.cluster_ip(family) else {
             continue;
         };
+        // A ClusterIP that is the node's own address would DNAT the node's own connections
+        // on that port (see `address_warnings`, which reports it).
+        if node.is_some_and(|n| n.owns(&cluster_ip)) {
+            continue;
+        }
         // externalIPs and LoadBalancer ingress IPs behave the same (only loadBalancer source
         // ranges tell them apart, elsewhere).
         let mut external: Vec<IpAddr> = svc
@@ -1091,6 +1096,51 @@ pub fn diagnostics(state: &ClusterState, settings: &Settings) -> Vec<String> {
                 "{what}: {family} {masq}pod traffic to externalTrafficPolicy: Local services \
                  is not short-circuited to all endpoints"
             ));
+        }
+    }
+    out.extend(address_warnings(state, settings));
+    out
+}
+
+/// Services whose addresses cannot all be programmed: a ClusterIP that is one of this node's
+/// own addresses (left out: it would capture the node's own traffic on that port), and two
+/// Services claiming the same address and port or NodePort. The daemon logs them after each
+/// full sync, `--dry-run`, `--once` and `explain` with [`diagnostics`].
+pub fn address_warnings(state: &ClusterState, settings: &Settings) -> Vec<String> {
+    let mut out = Vec::new();
+    if !settings.service_cidrs.is_empty() {
+        for svc in state.services.values() {
+            for ip in &svc.cluster_ips {
+                let family = IpFamily::of(ip);
+                let of_family: Vec<_> = settings
+                    .service_cidrs
+                    .iter()
+                    .filter(|c| IpFamily::of(&c.addr()) == family)
+                    .collect();
+                if !of_family.is_empty() && !of_family.iter().any(|c| c.contains(ip)) {
+                    out.push(format!(
+                        "Service {}: ClusterIP {ip} is outside --service-cidr ({}): the API \
+                         server allocates ClusterIPs inside it; is the flag or the object wrong?",
+                        svc.name,
+                        of_family
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(node) = state.nodes.get(&settings.node_name) {
+        for svc in state.services.values() {
+            for ip in svc.cluster_ips.iter().filter(|ip| node.owns(ip)) {
+                out.push(format!(
+                    "Service {}: ClusterIP {ip} is an address of this node ({}): left out, \
+                     it would capture the node's own connections",
+                    svc.name, node.name
+                ));
+            }
         }
     }
     let mut seen: BTreeMap<(IpAddr, u16, crate::model::Protocol), ServicePortName> =

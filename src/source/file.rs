@@ -648,6 +648,8 @@ struct Object<'a> {
     /// `ns/name` (or `name`), if the metadata holds a name.
     name: Option<String>,
     outcome: Outcome,
+    /// Parts left out of a used object (an endpoint at a special address, …).
+    dropped: Vec<Rejected>,
 }
 
 enum Outcome {
@@ -677,14 +679,14 @@ impl Object<'_> {
     }
 
     /// Decodes the generic value into the k8s-openapi type and converts that into the model.
-    fn convert(&self, value: &Value) -> Outcome {
+    fn convert(&self, value: &Value, dropped: &mut Vec<Rejected>) -> Outcome {
         match self.kind {
             Kind::Service => {
                 let svc = match decode::<core::Service>(value, self.label()) {
                     Ok(svc) => svc,
                     Err(r) => return Outcome::Rejected(r),
                 };
-                match convert::service(&svc) {
+                match convert::service_noting(&svc, dropped) {
                     Ok(Some(s)) => Outcome::Service(s),
                     Ok(None) => Outcome::Ignored(
                         convert::ignored_service_reason(&svc).unwrap_or("not proxied"),
@@ -697,7 +699,7 @@ impl Object<'_> {
                     Ok(slice) => slice,
                     Err(r) => return Outcome::Rejected(r),
                 };
-                match convert::endpoint_slice(&slice) {
+                match convert::endpoint_slice_noting(&slice, dropped) {
                     Ok(Some(s)) => Outcome::Slice(s),
                     Ok(None) => Outcome::Ignored(
                         convert::ignored_slice_reason(&slice).unwrap_or("not used"),
@@ -730,8 +732,11 @@ fn read_item(origin: Origin<'_>, value: Value) -> Entry<'_> {
         kind,
         name: object_name(&value, kind == Kind::Node),
         outcome: Outcome::Ignored(""),
+        dropped: Vec::new(),
     };
-    object.outcome = object.convert(&value);
+    let mut dropped = Vec::new();
+    object.outcome = object.convert(&value, &mut dropped);
+    object.dropped = dropped;
     Entry::Object(object)
 }
 
@@ -775,9 +780,10 @@ fn assemble(mut entries: Vec<Option<Entry<'_>>>) -> Loaded {
     }
 
     for entry in entries.into_iter().flatten() {
-        let Entry::Object(object) = entry else {
+        let Entry::Object(mut object) = entry else {
             continue;
         };
+        loaded.dropped.append(&mut object.dropped);
         match object.outcome {
             Outcome::Service(s) => {
                 loaded.state.services.insert(s.name.clone(), s);

@@ -25,6 +25,9 @@ pub struct Loaded {
     pub ignored: Vec<String>,
     /// Notes worth a warning: an object defined twice, whose earlier definition is replaced.
     pub replaced: Vec<String>,
+    /// Parts left out of objects that are used: an externalIP, load-balancer IP or endpoint at
+    /// a special address (loopback, link-local, …).
+    pub dropped: Vec<Rejected>,
 }
 
 /// A source that produced nothing usable. The binary exits with status 2 on it.

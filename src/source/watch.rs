@@ -452,8 +452,9 @@ trait Kind:
     const LISTED: u8;
     /// The object's key in the state, from its metadata alone (a deleted object need not convert).
     fn key(obj: &Self) -> Option<Self::Key>;
-    /// `Ok(None)`: a valid object the proxy does not use.
-    fn convert(obj: &Self) -> Result<Option<Self::Model>, Rejected>;
+    /// `Ok(None)`: a valid object the proxy does not use. Parts left out of a used object
+    /// (an endpoint at a special address, …) are reported in `dropped`.
+    fn convert(obj: &Self, dropped: &mut Vec<Rejected>) -> Result<Option<Self::Model>, Rejected>;
     fn map(state: &ClusterState) -> &BTreeMap<Self::Key, Self::Model>;
     fn map_mut(state: &mut ClusterState) -> &mut BTreeMap<Self::Key, Self::Model>;
     fn counter(changes: &mut Changes) -> &mut u64;
@@ -481,8 +482,11 @@ impl Kind for core::Service {
     fn key(obj: &Self) -> Option<ServiceName> {
         namespaced_key(obj)
     }
-    fn convert(obj: &Self) -> Result<Option<model::Service>, Rejected> {
-        convert::service(obj)
+    fn convert(
+        obj: &Self,
+        dropped: &mut Vec<Rejected>,
+    ) -> Result<Option<model::Service>, Rejected> {
+        convert::service_noting(obj, dropped)
     }
     fn map(state: &ClusterState) -> &BTreeMap<ServiceName, model::Service> {
         &state.services
@@ -506,8 +510,11 @@ impl Kind for discovery::EndpointSlice {
     fn key(obj: &Self) -> Option<ServiceName> {
         namespaced_key(obj)
     }
-    fn convert(obj: &Self) -> Result<Option<model::EndpointSlice>, Rejected> {
-        convert::endpoint_slice(obj)
+    fn convert(
+        obj: &Self,
+        dropped: &mut Vec<Rejected>,
+    ) -> Result<Option<model::EndpointSlice>, Rejected> {
+        convert::endpoint_slice_noting(obj, dropped)
     }
     fn map(state: &ClusterState) -> &BTreeMap<ServiceName, model::EndpointSlice> {
         &state.slices
@@ -541,7 +548,7 @@ impl Kind for core::Node {
     fn key(obj: &Self) -> Option<String> {
         obj.meta().name.clone()
     }
-    fn convert(obj: &Self) -> Result<Option<model::Node>, Rejected> {
+    fn convert(obj: &Self, _dropped: &mut Vec<Rejected>) -> Result<Option<model::Node>, Rejected> {
         convert::node(obj).map(Some)
     }
     fn map(state: &ClusterState) -> &BTreeMap<String, model::Node> {
@@ -777,9 +784,18 @@ impl<K: Kind> Applier<K> {
             tracing::warn!(kind = K::NAME, "{} without a name ignored", K::NAME);
             return Converted::Unkeyed;
         };
-        match K::convert(obj) {
+        let mut dropped = Vec::new();
+        match K::convert(obj, &mut dropped) {
             Ok(Some(model)) => {
-                self.warned.remove(&key);
+                let version = obj.resource_version().unwrap_or_default();
+                if dropped.is_empty() {
+                    self.warned.remove(&key);
+                } else if self.warned.get(&key) != Some(&version) {
+                    for report in &dropped {
+                        tracing::warn!("{report}");
+                    }
+                    self.warned.insert(key.clone(), version);
+                }
                 Converted::Use(key, model)
             }
             Ok(None) => {
