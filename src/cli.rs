@@ -41,7 +41,7 @@ Config file: TOML, keys are the flag names in snake_case (hostname_override, kub
 master, cluster_cidr, service_cidr, detect_local_mode, pod_bridge_interface,
 pod_interface_name_prefix, masquerade_all, masquerade_bit, nodeport_addresses,
 healthz_bind_address, metrics_bind_address, min_sync_period, sync_period, lock_file,
-cleanup_kube_proxy, from_file, log_format). No file is read unless --config (or
+cleanup_kube_proxy, from_file, log_format, table_ownership). No file is read unless --config (or
 NODEPROXY_CONFIG) names one; the conventional path is /etc/nodeproxy/config.toml. Unknown keys
 are errors.
 
@@ -229,6 +229,14 @@ pub struct Cli {
     /// Log format: `text` or `json`. [env: NODEPROXY_LOG_FORMAT] [default: text]
     #[arg(long, value_name = "FORMAT", global = true)]
     pub log_format: Option<String>,
+
+    /// nftables table ownership: `auto` (where the kernel supports it, 6.9+: no other process
+    /// can change the tables while nodeproxy runs, and they stay when it exits; `nft` before
+    /// 1.1 then prints an orphaned table with an empty `flags` line, which `nft -f` cannot load
+    /// back) or `off` (ordinary tables, repaired at the next sync if changed).
+    /// [env: NODEPROXY_TABLE_OWNERSHIP] [default: auto]
+    #[arg(long, value_name = "auto|off", global = true)]
+    pub table_ownership: Option<String>,
 
     /// More verbose logging; repeat for more (-vv).
     #[arg(short = 'v', action = ArgAction::Count, global = true)]

@@ -70,6 +70,8 @@ pub struct Config {
     pub from_file: Vec<PathBuf>,
     /// `--log-format`.
     pub log_format: LogFormat,
+    /// `--table-ownership`: whether our tables are owned by the running process.
+    pub table_ownership: TableOwnership,
 }
 
 /// `--healthz-bind-address` default: all IPv4 addresses, kube-proxy's port.
@@ -111,6 +113,7 @@ impl Default for Config {
             cleanup_kube_proxy: false,
             from_file: Vec::new(),
             log_format: LogFormat::Text,
+            table_ownership: TableOwnership::Auto,
         }
     }
 }
@@ -243,6 +246,20 @@ impl NodePortAddresses {
     }
 }
 
+/// `--table-ownership`: nftables table ownership (kernel 6.9+ for the `persist` flag).
+///
+/// `Auto` (the default) uses it where the kernel supports it: while nodeproxy runs no other
+/// process can change or delete its tables (a firewall reload's `nft flush ruleset` included),
+/// and they stay in place, unowned, when it exits. The price: an orphaned table carries the
+/// `persist` flag, which `nft` before 1.1 prints as an empty `flags` line, so `nft list ruleset`
+/// output no longer loads with `nft -f` on such hosts. `Off` creates ordinary tables, which
+/// anyone may change (nodeproxy repairs them at its next sync).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableOwnership {
+    Auto,
+    Off,
+}
+
 /// `--log-format`: how log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -319,11 +336,12 @@ pub enum Field {
     CleanupKubeProxy,
     FromFile,
     LogFormat,
+    TableOwnership,
 }
 
 impl Field {
     /// Every field, in `Config` order (also the `--print-config` order).
-    pub const ALL: [Field; 19] = [
+    pub const ALL: [Field; 20] = [
         Field::HostnameOverride,
         Field::Kubeconfig,
         Field::Master,
@@ -343,6 +361,7 @@ impl Field {
         Field::CleanupKubeProxy,
         Field::FromFile,
         Field::LogFormat,
+        Field::TableOwnership,
     ];
 
     /// The config-file key (the flag name in snake_case).
@@ -367,6 +386,7 @@ impl Field {
             Field::CleanupKubeProxy => "cleanup_kube_proxy",
             Field::FromFile => "from_file",
             Field::LogFormat => "log_format",
+            Field::TableOwnership => "table_ownership",
         }
     }
 
@@ -392,6 +412,7 @@ impl Field {
             Field::CleanupKubeProxy => "--cleanup-kube-proxy",
             Field::FromFile => "--from-file",
             Field::LogFormat => "--log-format",
+            Field::TableOwnership => "--table-ownership",
         }
     }
 
@@ -417,6 +438,7 @@ impl Field {
             Field::CleanupKubeProxy => "NODEPROXY_CLEANUP_KUBE_PROXY",
             Field::FromFile => "NODEPROXY_FROM_FILE",
             Field::LogFormat => "NODEPROXY_LOG_FORMAT",
+            Field::TableOwnership => "NODEPROXY_TABLE_OWNERSHIP",
         }
     }
 }
@@ -532,6 +554,7 @@ pub struct Provenance {
     pub cleanup_kube_proxy: Source,
     pub from_file: Source,
     pub log_format: Source,
+    pub table_ownership: Source,
 }
 
 impl Default for Provenance {
@@ -557,6 +580,7 @@ impl Default for Provenance {
             cleanup_kube_proxy: Source::Default,
             from_file: Source::Default,
             log_format: Source::Default,
+            table_ownership: Source::Default,
         }
     }
 }
@@ -584,6 +608,7 @@ impl Provenance {
             Field::CleanupKubeProxy => &self.cleanup_kube_proxy,
             Field::FromFile => &self.from_file,
             Field::LogFormat => &self.log_format,
+            Field::TableOwnership => &self.table_ownership,
         }
     }
 
@@ -608,6 +633,7 @@ impl Provenance {
             Field::CleanupKubeProxy => &mut self.cleanup_kube_proxy,
             Field::FromFile => &mut self.from_file,
             Field::LogFormat => &mut self.log_format,
+            Field::TableOwnership => &mut self.table_ownership,
         }
     }
 }
@@ -985,6 +1011,7 @@ fn flag_input(cli: &Cli, field: Field) -> Option<Input> {
         Field::CleanupKubeProxy => text(&cli.cleanup_kube_proxy),
         Field::FromFile => (!cli.from_file.is_empty()).then(|| Input::Paths(cli.from_file.clone())),
         Field::LogFormat => text(&cli.log_format),
+        Field::TableOwnership => text(&cli.table_ownership),
     }
 }
 
@@ -1124,6 +1151,14 @@ fn apply(
                 "text" => LogFormat::Text,
                 "json" => LogFormat::Json,
                 _ => return Err(invalid("must be `text` or `json`".to_string())),
+            };
+        }
+        Field::TableOwnership => {
+            config.table_ownership = match scalar_text(input, "a string").map_err(invalid)?.as_str()
+            {
+                "auto" => TableOwnership::Auto,
+                "off" => TableOwnership::Off,
+                _ => return Err(invalid("must be `auto` or `off`".to_string())),
             };
         }
     }
@@ -1769,6 +1804,10 @@ fn render_value(config: &Config, field: Field) -> String {
             LogFormat::Text => "text",
             LogFormat::Json => "json",
         }),
+        Field::TableOwnership => string(match config.table_ownership {
+            TableOwnership::Auto => "auto",
+            TableOwnership::Off => "off",
+        }),
     }
 }
 
@@ -2150,6 +2189,16 @@ mod tests {
             file: "log_format = \"json\"",
             file_value: "\"json\"",
             default_value: "\"text\"",
+        },
+        Case {
+            field: Field::TableOwnership,
+            flag: &["--table-ownership", "off"],
+            flag_value: "\"off\"",
+            env: "auto",
+            env_value: "\"auto\"",
+            file: "table_ownership = \"off\"",
+            file_value: "\"off\"",
+            default_value: "\"auto\"",
         },
     ];
 

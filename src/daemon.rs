@@ -36,7 +36,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch as tokio_watch};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, TableOwnership};
 use crate::conntrack::{self, ConntrackError, UdpService};
 use crate::health::{HealthCheckServers, ProxyHealth};
 use crate::http::{self, Handler, HttpServer};
@@ -44,7 +44,7 @@ use crate::leftovers::{self, LeftoverError};
 use crate::lock::{self, LockError};
 use crate::metrics::{Metrics, PolicyKind, SyncKind};
 use crate::model::{ClusterState, IpFamily, ServiceName};
-use crate::nft::owner::{self, TakeOver};
+use crate::nft::owner::{self, Ownership, TakeOver};
 use crate::nft::probe::{self, Missing};
 use crate::nft::{Kernel, NetlinkKernel, NftError};
 use crate::notify::{self, Progress};
@@ -153,7 +153,10 @@ pub fn run(config: &Config) -> Result<(), DaemonError> {
         }
         return Err(DaemonError::MissingFeatures(caps.missing));
     }
-    let ownership = caps.ownership();
+    let ownership = match config.table_ownership {
+        TableOwnership::Auto => caps.ownership(),
+        TableOwnership::Off => Ownership::Off,
+    };
     tracing::info!("{ownership}");
     handle_leftovers(&mut kernel, config.cleanup_kube_proxy)?;
     let node_name = config.node_name()?;
@@ -161,6 +164,11 @@ pub fn run(config: &Config) -> Result<(), DaemonError> {
     settings.own_tables = ownership.enabled();
     if ownership.enabled() {
         take_over_tables(&mut kernel);
+    } else if config.table_ownership == TableOwnership::Off {
+        let persisted = owner::persisted(&mut kernel, crate::ruleset::names::TABLE);
+        if let Some(warning) = owner::persisted_warning(&persisted, crate::ruleset::names::TABLE) {
+            tracing::warn!("{warning}");
+        }
     }
     let rt = runtime()?;
     let result = rt.block_on(run_async(config, kernel, settings));

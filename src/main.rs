@@ -175,9 +175,19 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             let mut kernel = nft::NetlinkKernel::new().context("opening the netlink socket")?;
             // Owned while we run, and left persistent: the daemon can take the tables over
             // later, which it could not do with tables created without persist.
-            let ownership = nft::probe::probe_ownership(&mut kernel)
-                .context("probing the kernel for nftables table ownership")?;
+            let ownership = match config.table_ownership {
+                config::TableOwnership::Auto => nft::probe::probe_ownership(&mut kernel)
+                    .context("probing the kernel for nftables table ownership")?,
+                config::TableOwnership::Off => nft::owner::Ownership::Off,
+            };
             tracing::info!("{ownership}");
+            if config.table_ownership == config::TableOwnership::Off {
+                let name = ruleset::names::TABLE;
+                let persisted = nft::owner::persisted(&mut kernel, name);
+                if let Some(warning) = nft::owner::persisted_warning(&persisted, name) {
+                    tracing::warn!("{warning}");
+                }
+            }
             settings.own_tables = ownership.enabled();
             // Built from what the kernel holds, so ClientIP-affinity endpoints keep their slots
             // (and pinned clients their endpoints) across runs.

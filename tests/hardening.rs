@@ -613,3 +613,61 @@ fn a_cluster_ip_outside_the_service_cidr_is_a_warning() {
         stderr(&out)
     );
 }
+
+#[test]
+fn table_ownership_off_makes_ordinary_tables_that_nft_can_save_and_restore() {
+    let (fresh_flags, reloaded, warning_out) = in_netns(|| {
+        let lock = lock_file_for_this_netns();
+        let once = |extra: &[&str]| {
+            let mut args = vec!["--once", "--from-file"];
+            let input = fixture("clusterip");
+            args.push(&input);
+            args.extend_from_slice(extra);
+            nodeproxy(&args, &lock)
+        };
+        let out = once(&["--table-ownership", "off"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("table ownership: off"),
+            "{}",
+            stderr(&out)
+        );
+        let mut kernel = nodeproxy::nft::NetlinkKernel::new().unwrap();
+        let fresh_flags: Vec<u32> = nodeproxy::model::IpFamily::ALL
+            .iter()
+            .map(|&f| kernel.table_info(f, "nodeproxy").unwrap().unwrap().flags)
+            .collect();
+        // The host's usual backup and restore: whatever nft prints, nft loads back.
+        let saved = nft(&["list", "ruleset"]);
+        nft(&["flush", "ruleset"]);
+        let path = std::env::temp_dir().join(format!("np-ruleset-{}.nft", std::process::id()));
+        std::fs::write(&path, &saved).unwrap();
+        let loaded = Command::new("nft").arg("-f").arg(&path).output().unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(loaded.status.success(), "{}\n{saved}", stderr(&loaded));
+        let reloaded = nft(&["list", "table", "ip", "nodeproxy"]);
+        // Tables left persistent by a run with ownership: `off` cannot clear the flag in place
+        // and says how to start over.
+        nft(&["delete", "table", "ip", "nodeproxy"]);
+        nft(&["delete", "table", "ip6", "nodeproxy"]);
+        let out = once(&[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let warning_out = once(&["--table-ownership", "off"]);
+        let _ = std::fs::remove_file(&lock);
+        (fresh_flags, reloaded, warning_out)
+    });
+    assert_eq!(
+        fresh_flags,
+        vec![0, 0],
+        "tables made with ownership off carry flags"
+    );
+    assert!(reloaded.contains("203.0.113.20"), "{reloaded}");
+    assert!(warning_out.status.success(), "{}", stderr(&warning_out));
+    let text = stderr(&warning_out);
+    assert!(
+        text.lines().any(|l| l.contains("WARN")
+            && l.contains("still carries the persist flag")
+            && l.contains("nodeproxy --cleanup")),
+        "{text}"
+    );
+}

@@ -13,7 +13,7 @@
 use std::fmt;
 
 use super::diff::{Op, Plan};
-use super::wire::{self, TABLE_F_OWNED};
+use super::wire::{self, TABLE_F_OWNED, TABLE_F_PERSIST};
 use super::{Kernel, NetlinkKernel, NftError};
 use crate::model::IpFamily;
 
@@ -30,6 +30,8 @@ pub enum Ownership {
     NotPersistent,
     /// Neither flag (kernels before 5.12).
     Unsupported,
+    /// Not used because `--table-ownership off` says so.
+    Off,
 }
 
 impl Ownership {
@@ -63,6 +65,10 @@ impl fmt::Display for Ownership {
             Ownership::Unsupported => {
                 "nftables table ownership: not supported by this kernel (owner flag: 5.12+, \
                  persist: 6.9+); changes by others are repaired at the next verification"
+            }
+            Ownership::Off => {
+                "nftables table ownership: off (--table-ownership off): our tables are \
+                 ordinary ones; changes by others are repaired at the next verification"
             }
         })
     }
@@ -165,6 +171,42 @@ impl fmt::Display for TakeOver {
             ),
         }
     }
+}
+
+/// With ownership off (`--table-ownership off`): the families whose table `name` still carries
+/// the persist flag from a run with ownership. The kernel refuses to toggle persist on an
+/// existing table (`nf_tables_updtable`: `(flags ^ table->flags) & NFT_TABLE_F_PERSIST` is
+/// EOPNOTSUPP, kernel 6.9+), and nodeproxy does not recreate a table by itself (that drops the
+/// affinity pins in its dynamic sets), so the operator is told how to get rid of it.
+pub fn persisted(kernel: &mut NetlinkKernel, name: &str) -> Vec<IpFamily> {
+    IpFamily::ALL
+        .into_iter()
+        .filter(|&family| {
+            matches!(
+                kernel.table_info(family, name),
+                Ok(Some(info)) if info.flags & TABLE_F_PERSIST != 0
+            )
+        })
+        .collect()
+}
+
+/// The warning for [`persisted`] tables, or `None` when there are none.
+pub fn persisted_warning(families: &[IpFamily], name: &str) -> Option<String> {
+    if families.is_empty() {
+        return None;
+    }
+    let tables = families
+        .iter()
+        .map(|f| format!("table {} {name}", crate::nft::wire::family_keyword(*f)))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    Some(format!(
+        "--table-ownership off, but {tables} still carries the persist flag of an earlier run \
+         with ownership, and the kernel cannot clear it in place: `nft` before 1.1 keeps \
+         printing it as an empty `flags` line. To start over with ordinary tables, stop \
+         nodeproxy, run `nodeproxy --cleanup` (Services are not proxied until the next start), \
+         then start it again"
+    ))
 }
 
 /// At start-up, before the first sync: claims our tables where a previous nodeproxy left them
