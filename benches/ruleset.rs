@@ -63,6 +63,7 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
             internal_traffic_policy: TrafficPolicy::Cluster,
             health_check_node_port: None,
             session_affinity_timeout: None,
+            created: None,
         };
         let eps = (0..endpoints)
             .map(|e| {

@@ -281,6 +281,8 @@ struct Synced {
     no_local: Vec<(IpFamily, usize, usize)>,
     /// Per family: UDP conntrack entries deleted.
     conntrack_deleted: Vec<(IpFamily, usize)>,
+    /// Address and port claims lost to another Service at the last full sync.
+    address_conflicts: usize,
 }
 
 async fn run_async(
@@ -653,6 +655,7 @@ fn record_success(synced: &Synced, changes: &Changes, health: &ProxyHealth, metr
             .collect(),
     );
     metrics.set_quarantined_services(outcome.quarantined.len());
+    metrics.set_address_conflicts(synced.address_conflicts);
     metrics.observe_sync(&FAMILIES, synced.kind, outcome.duration);
     metrics.set_last_sync_timestamp(&FAMILIES, now);
     if outcome.report.messages > 0 {
@@ -742,6 +745,8 @@ struct Writer<K: Kernel> {
     /// [`ruleset::address_warnings`] of the last full sync: each is logged when it appears,
     /// not at every full sync while it lasts.
     address_warnings: BTreeSet<String>,
+    /// Clashes between Services over one address and port at the last full sync.
+    address_conflicts: usize,
 }
 
 impl<K: Kernel> Writer<K> {
@@ -766,6 +771,7 @@ impl<K: Kernel> Writer<K> {
             progress: Progress::default(),
             hang_switch: None,
             address_warnings: BTreeSet::new(),
+            address_conflicts: 0,
         }
     }
 
@@ -847,6 +853,7 @@ impl<K: Kernel> Writer<K> {
             state: done.state,
             no_local,
             conntrack_deleted,
+            address_conflicts: self.address_conflicts,
         })
     }
 
@@ -861,6 +868,10 @@ impl<K: Kernel> Writer<K> {
             tracing::warn!("{warning}");
         }
         self.address_warnings = warnings;
+        self.address_conflicts = IpFamily::ALL
+            .iter()
+            .map(|&f| crate::ruleset::Claims::new(&state, f).clashes.len())
+            .sum();
         let delta = self.caches.rebuild(&state, &self.settings.node_name);
         Ok(Done {
             outcome,
@@ -883,6 +894,7 @@ impl<K: Kernel> Writer<K> {
             state: ClusterState::default(),
             no_local: self.no_local(),
             conntrack_deleted,
+            address_conflicts: self.address_conflicts,
         }
     }
 

@@ -121,6 +121,7 @@ pub struct Metrics {
     livez: Family<CodeLabels, Counter>,
     conntrack_deleted: Family<FamilyLabels, Counter>,
     quarantined: Gauge,
+    address_conflicts: Gauge,
     drift_repairs: Family<FamilyLabels, Counter>,
     transaction_bytes: Histogram,
     transaction_messages: Histogram,
@@ -154,6 +155,7 @@ impl Metrics {
             livez: Family::default(),
             conntrack_deleted: Family::default(),
             quarantined: Gauge::default(),
+            address_conflicts: Gauge::default(),
             drift_repairs: Family::default(),
             // 256 B … 64 MiB: one-element changes up to cold loads of very large clusters.
             transaction_bytes: Histogram::new(exponential_buckets(256.0, 4.0, 10)),
@@ -232,6 +234,12 @@ impl Metrics {
             "nodeproxy_quarantined_services",
             "Service ports left out of the ruleset because the kernel rejected their objects",
             m.quarantined.clone(),
+        );
+        r.register(
+            "nodeproxy_service_address_conflicts",
+            "Address and port claims a Service lost to another at the last full sync \
+             (ClusterIP before load-balancer IP before externalIP, then the older Service)",
+            m.address_conflicts.clone(),
         );
         r.register(
             "nodeproxy_drift_repairs",
@@ -341,6 +349,12 @@ impl Metrics {
         self.conntrack_deleted
             .get_or_create(&family_label(family))
             .inc_by(n);
+    }
+
+    /// How many address and port claims a Service lost to another at the last full sync.
+    pub fn set_address_conflicts(&self, n: usize) {
+        self.address_conflicts
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// How many Service ports are currently quarantined.

@@ -705,3 +705,42 @@ fn an_api_server_never_reached_is_retried_with_a_growing_delay_and_never_called_
         assert!(d.log().contains("reachable again"), "{}", d.log());
     });
 }
+
+#[test]
+fn a_service_claiming_another_services_cluster_ip_is_warned_counted_and_kept_out() {
+    in_netns(|| {
+        let env = Env::new("hijack");
+        env.populate();
+        let mut thief = service("aaa", "thief", "10.96.0.20", 81);
+        thief["spec"]["externalIPs"] = serde_json::json!(["10.96.0.10"]);
+        env.api.apply(Kind::Service, thief);
+        env.api.apply(
+            Kind::EndpointSlice,
+            slice("aaa", "thief-1", "thief", &["10.244.0.66"], 9376),
+        );
+        let d = env.start("daemon");
+        wait_until("both Services are programmed", PATIENCE, || {
+            table_has("10.244.0.5") && table_has("10.244.0.66")
+        });
+        let table = table().unwrap_or_default();
+        for line in table
+            .lines()
+            .filter(|l| l.contains("10.96.0.10 . tcp . 81"))
+        {
+            assert!(line.contains("ns/web"), "the thief holds {line}");
+        }
+        wait_until("the conflict is counted", PATIENCE, || {
+            get(d.metrics, "/metrics").is_some_and(|(_, text)| {
+                text.lines()
+                    .any(|l| l == "nodeproxy_service_address_conflicts 1")
+            })
+        });
+        let log = d.log();
+        assert_eq!(
+            log.matches("Service aaa/thief claims externalIP 10.96.0.10:81/tcp")
+                .count(),
+            1,
+            "{log}"
+        );
+    });
+}

@@ -671,3 +671,96 @@ fn table_ownership_off_makes_ordinary_tables_that_nft_can_save_and_restore() {
         "{text}"
     );
 }
+
+/// `explain` on the hijack fixture: (stderr, stdout).
+fn explain_hijack(src: &str, dst: &str, lock: &Path) -> (String, String) {
+    let input = root()
+        .join("tests/fixtures/hardening/hijack.yaml")
+        .to_string_lossy()
+        .into_owned();
+    let out = nodeproxy(
+        &[
+            "explain",
+            "--cluster-cidr",
+            "198.51.100.0/24",
+            "--from-file",
+            &input,
+            src,
+            dst,
+        ],
+        lock,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    (
+        stderr(&out),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn no_service_can_take_another_services_cluster_ip_and_clashes_are_not_decided_by_name() {
+    let scratch = Scratch::new("hijack");
+    let lock = scratch.0.join("np.lock");
+    // From a pod, from the node and from outside: every connection to shop/web's ClusterIP goes
+    // to shop/web's endpoint, is neither dropped by aaa/steal-lb's source ranges nor rejected
+    // for aaa/steal-empty's missing endpoints.
+    for src in ["198.51.100.99", "192.0.2.11", "192.0.2.99"] {
+        let (log, out) = explain_hijack(src, "203.0.113.20:80", &lock);
+        assert!(
+            out.contains("DNAT candidates (1):\n  198.51.100.10:8080  (shop/web:http)"),
+            "from {src}:\n{out}"
+        );
+        assert!(out.contains("verdict: accept"), "from {src}:\n{out}");
+        for thief in ["aaa/steal-ext", "aaa/steal-lb", "aaa/steal-empty"] {
+            assert!(
+                !out.contains(thief),
+                "from {src}, {thief} is on the path:\n{out}"
+            );
+            assert!(
+                log.lines().any(|l| l.contains("WARN")
+                    && l.contains(&format!("Service {thief} claims"))
+                    && l.contains("shop/web keeps it")),
+                "no warning naming {thief} and shop/web:\n{log}"
+            );
+        }
+    }
+    // Two LB Services on one IP and port: the older keeps it though its name sorts later.
+    let (log, out) = explain_hijack("192.0.2.99", "203.0.113.70:80", &lock);
+    assert!(
+        out.contains("DNAT candidates (1):\n  198.51.100.20:8080  (shop/old-lb:http)"),
+        "{out}"
+    );
+    assert!(
+        log.contains("Service aaa/new-lb claims load-balancer IP 203.0.113.70:80/tcp")
+            && log.contains("shop/old-lb keeps it (created first)"),
+        "{log}"
+    );
+    // The losers keep what is theirs (their own ClusterIPs) and hold no element for the keys
+    // they lost, in any set or map.
+    let input = root().join("tests/fixtures/hardening/hijack.yaml");
+    let out = nodeproxy(
+        &[
+            "--dry-run",
+            "--cluster-cidr",
+            "198.51.100.0/24",
+            "--from-file",
+            &input.to_string_lossy(),
+        ],
+        &lock,
+    );
+    let ruleset = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in ruleset.lines() {
+        for (key, owner) in [
+            ("203.0.113.20 . tcp . 80", "shop/web"),
+            ("203.0.113.70 . tcp . 80", "shop/old-lb"),
+        ] {
+            if line.contains(key) {
+                assert!(
+                    line.contains(owner),
+                    "an element for {key} not of {owner}: {line}"
+                );
+            }
+        }
+    }
+    assert!(ruleset.contains("203.0.113.21 . tcp . 80"), "{ruleset}");
+}

@@ -295,6 +295,7 @@ fn svc(n: &str, ip: &str, protocol: Protocol) -> Service {
         internal_traffic_policy: TrafficPolicy::Cluster,
         health_check_node_port: None,
         session_affinity_timeout: None,
+        created: None,
     }
 }
 
@@ -574,6 +575,7 @@ fn random_service(rng: &mut Rng, n: usize) -> Service {
         internal_traffic_policy: random_policy(rng),
         health_check_node_port: rng.chance(60).then_some(32000 + n as u16),
         session_affinity_timeout: None,
+        created: None,
     }
 }
 

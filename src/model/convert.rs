@@ -291,6 +291,11 @@ pub fn service_noting(
         internal_traffic_policy,
         health_check_node_port,
         session_affinity_timeout,
+        created: svc
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
     }))
 }
 

@@ -153,6 +153,10 @@ pub struct Service {
     pub health_check_node_port: Option<u16>,
     /// `ClientIP` session affinity timeout in seconds; `None` when affinity is off.
     pub session_affinity_timeout: Option<u32>,
+    /// `metadata.creationTimestamp` in seconds since the epoch, if the object carries one: of
+    /// two Services claiming one address and port, the older keeps it (after the kind of
+    /// address; see `ruleset::build::Claims`).
+    pub created: Option<i64>,
 }
 
 impl Service {

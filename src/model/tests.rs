@@ -53,6 +53,7 @@ fn endpoints_prefer_non_terminating_duplicate() {
         internal_traffic_policy: TrafficPolicy::Cluster,
         health_check_node_port: None,
         session_affinity_timeout: None,
+        created: None,
     };
     let index = state.slices_by_service();
     let eps = endpoints_for(&index[&service.name], &service.ports[0]);

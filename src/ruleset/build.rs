@@ -8,7 +8,9 @@
 //! moves its verdict element to another (tiny) `pick-<k>` chain.
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -169,9 +171,11 @@ pub fn build_with(state: &ClusterState, settings: &Settings, hints: &Hints) -> R
         tables: IpFamily::ALL
             .iter()
             .map(|&family| {
-                let mut table = build_table(state, settings, family);
+                let claims = Claims::new(state, family);
+                note_clashes(&claims);
+                let mut table = build_table(state, settings, family, &claims);
                 // Source ranges and session affinity live in their own modules.
-                firewall::add(state, settings, family, &mut table);
+                firewall::add(state, settings, family, &claims, &mut table);
                 affinity::add(state, &mut table, hints);
                 table
             })
@@ -232,17 +236,23 @@ fn finish(mut elements: Elements) -> Vec<Element> {
         }
         same
     });
-    if !contested.is_empty() {
-        CONTESTED.with(|c| {
-            if let Some(mut noted) = c.take() {
-                noted.extend(contested);
-                c.set(Some(noted));
-            }
-        });
-    }
+    note_contested(contested);
     // The vectors grew by doubling; at 10k services the pick maps' slack alone is megabytes.
     elements.shrink_to_fit();
     elements
+}
+
+/// Records Services in a contested key while [`build_noting_contested`] runs.
+fn note_contested(services: Vec<ServiceName>) {
+    if services.is_empty() {
+        return;
+    }
+    CONTESTED.with(|c| {
+        if let Some(mut noted) = c.take() {
+            noted.extend(services);
+            c.set(Some(noted));
+        }
+    });
 }
 
 fn goto(chain: String) -> Option<ElemData> {
@@ -334,7 +344,188 @@ fn nodeport_addresses(settings: &Settings, node: Option<&Node>, family: IpFamily
     out
 }
 
-fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Collected {
+/// Which kind of address a Service claims a key with; lower wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AddressKind {
+    /// Allocated by the API server: never shared, never taken over.
+    ClusterIp,
+    /// Written by a load-balancer controller into the status.
+    LoadBalancerIp,
+    /// Written by whoever may edit the Service's spec (CVE-2020-8554).
+    ExternalIp,
+}
+
+impl fmt::Display for AddressKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AddressKind::ClusterIp => "ClusterIP",
+            AddressKind::LoadBalancerIp => "load-balancer IP",
+            AddressKind::ExternalIp => "externalIP",
+        })
+    }
+}
+
+/// A Service's claim on one `address . protocol . port`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Claim<'a> {
+    pub kind: AddressKind,
+    /// Seconds since the epoch; a Service without a creation time counts as the newest.
+    pub created: i64,
+    pub service: &'a ServiceName,
+}
+
+/// Two Services claiming the same `address . protocol . port`: which one keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clash<'a> {
+    pub addr: IpAddr,
+    pub protocol: crate::model::Protocol,
+    pub port: u16,
+    pub winner: Claim<'a>,
+    pub loser: Claim<'a>,
+}
+
+impl fmt::Display for Clash<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Service {} claims {} {}:{}/{} that Service {} has as its {}: {} keeps it ({}), \
+             {} gets no rule for it",
+            self.loser.service,
+            self.loser.kind,
+            self.addr,
+            self.port,
+            self.protocol,
+            self.winner.service,
+            self.winner.kind,
+            self.winner.service,
+            if self.winner.kind != self.loser.kind {
+                "ClusterIP before load-balancer IP before externalIP"
+            } else if self.winner.created != self.loser.created {
+                "created first"
+            } else {
+                "same kind and creation time: first by namespace/name"
+            },
+            self.loser.service,
+        )
+    }
+}
+
+/// Who keeps each Service address and port of one family. kube-proxy lets the rules of two
+/// Services collide and the last one written wins, so a Service whose externalIP (or LB IP) is
+/// another's ClusterIP takes that ClusterIP's traffic (CVE-2020-8554); here the decision cannot
+/// be gamed by choosing a name: a ClusterIP (allocated by the API server) before a load-balancer
+/// IP before an externalIP, then the older Service, and only then namespace/name. The loser gets
+/// no element at all for that key, in any map (no dangling reject or firewall entry either).
+pub struct Claims<'a> {
+    winners: HashMap<(IpAddr, crate::model::Protocol, u16), Claim<'a>>,
+    pub clashes: Vec<Clash<'a>>,
+}
+
+impl<'a> Claims<'a> {
+    pub fn new(state: &'a ClusterState, family: IpFamily) -> Claims<'a> {
+        let mut winners: HashMap<(IpAddr, crate::model::Protocol, u16), Claim<'a>> = HashMap::new();
+        let mut clashes = Vec::new();
+        for svc in state.services.values() {
+            // Only Services with a ClusterIP of the family are programmed in it.
+            let Some(cluster_ip) = svc.cluster_ip(family) else {
+                continue;
+            };
+            let created = svc.created.unwrap_or(i64::MAX);
+            let mut addrs: Vec<(IpAddr, AddressKind)> = vec![(cluster_ip, AddressKind::ClusterIp)];
+            addrs.extend(
+                svc.load_balancer_ips
+                    .iter()
+                    .map(|ip| (*ip, AddressKind::LoadBalancerIp)),
+            );
+            addrs.extend(
+                svc.external_ips
+                    .iter()
+                    .map(|ip| (*ip, AddressKind::ExternalIp)),
+            );
+            // A Service's own address listed twice counts once, as its best kind.
+            addrs.retain(|(ip, _)| IpFamily::of(ip) == family);
+            addrs.sort();
+            addrs.dedup_by_key(|(ip, _)| *ip);
+            for port in &svc.ports {
+                for (addr, kind) in &addrs {
+                    let claim = Claim {
+                        kind: *kind,
+                        created,
+                        service: &svc.name,
+                    };
+                    let key = (*addr, port.protocol, port.port);
+                    match winners.entry(key) {
+                        Entry::Vacant(v) => {
+                            v.insert(claim);
+                        }
+                        Entry::Occupied(mut o) => {
+                            if o.get().service == claim.service {
+                                continue;
+                            }
+                            let (winner, loser) = if claim < *o.get() {
+                                (claim.clone(), o.insert(claim))
+                            } else {
+                                (o.get().clone(), claim)
+                            };
+                            clashes.push(Clash {
+                                addr: *addr,
+                                protocol: port.protocol,
+                                port: port.port,
+                                winner,
+                                loser,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        // A third claimant can beat the one a clash was first decided for: name the final
+        // winner in every report.
+        for clash in &mut clashes {
+            if let Some(w) = winners.get(&(clash.addr, clash.protocol, clash.port)) {
+                if w.service == clash.loser.service {
+                    std::mem::swap(&mut clash.winner, &mut clash.loser);
+                }
+                if w.service != clash.winner.service {
+                    clash.winner = w.clone();
+                }
+            }
+        }
+        Claims { winners, clashes }
+    }
+
+    /// Whether `service` keeps `addr . protocol . port` (true for a key nobody else claims).
+    pub(super) fn keeps(
+        &self,
+        service: &ServiceName,
+        addr: IpAddr,
+        protocol: crate::model::Protocol,
+        port: u16,
+    ) -> bool {
+        self.winners
+            .get(&(addr, protocol, port))
+            .is_none_or(|w| w.service == service)
+    }
+}
+
+/// Every Service in a clash depends on the others: a change to any of them needs a full build
+/// (see `sync::incremental`).
+fn note_clashes(claims: &Claims<'_>) {
+    note_contested(
+        claims
+            .clashes
+            .iter()
+            .flat_map(|c| [c.winner.service.clone(), c.loser.service.clone()])
+            .collect(),
+    );
+}
+
+fn collect(
+    state: &ClusterState,
+    settings: &Settings,
+    family: IpFamily,
+    claims: &Claims<'_>,
+) -> Collected {
     let mut c = Collected::default();
     let node = state.nodes.get(&settings.node_name);
     // With `all` (or a /0 CIDR) NodePorts answer on every local address through `fib daddr
@@ -385,14 +576,23 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
             );
             let all = of_family(endpoints_for(svc_slices, port), family);
             let eps = categorize(&all, &view);
+            // Addresses another Service keeps for this protocol and port get no element.
+            let keeps_cluster_ip = claims.keeps(&svc.name, cluster_ip, port.protocol, port.port);
+            let external: Vec<IpAddr> = external
+                .iter()
+                .copied()
+                .filter(|a| claims.keeps(&svc.name, *a, port.protocol, port.port))
+                .collect();
             let service_key = vec![Atom::Addr(cluster_ip), proto, svc_port];
             let np_key = port.node_port.map(|np| vec![proto, Atom::Port(np)]);
             if !eps.has_endpoints {
                 // No endpoint anywhere: refuse at once on every address (kube-proxy §2.12).
-                insert(
-                    &mut c.no_endpoint_services,
-                    element(service_key, reject(), &origin),
-                );
+                if keeps_cluster_ip {
+                    insert(
+                        &mut c.no_endpoint_services,
+                        element(service_key, reject(), &origin),
+                    );
+                }
                 for addr in &external {
                     insert(
                         &mut c.no_endpoint_services,
@@ -415,12 +615,12 @@ fn collect(state: &ClusterState, settings: &Settings, family: IpFamily) -> Colle
             } else {
                 &eps.cluster
             };
-            if internal.is_empty() {
+            if keeps_cluster_ip && internal.is_empty() {
                 insert(
                     &mut c.no_endpoint_services,
                     element(service_key, drop(), &origin),
                 );
-            } else {
+            } else if keeps_cluster_ip {
                 let k = add_picks(&mut c.picks, &service_key, internal, &origin);
                 insert(
                     &mut c.service_ips,
@@ -713,8 +913,13 @@ fn loopback(family: IpFamily) -> IpNet {
     }
 }
 
-fn build_table(state: &ClusterState, settings: &Settings, family: IpFamily) -> Table {
-    let c = collect(state, settings, family);
+fn build_table(
+    state: &ClusterState,
+    settings: &Settings,
+    family: IpFamily,
+    claims: &Claims<'_>,
+) -> Table {
+    let c = collect(state, settings, family, claims);
     let mark = settings.mark;
     let node = state.nodes.get(&settings.node_name);
     let all_addresses = settings.nodeport_addresses.all_of(family);
@@ -1143,23 +1348,18 @@ pub fn address_warnings(state: &ClusterState, settings: &Settings) -> Vec<String
             }
         }
     }
-    let mut seen: BTreeMap<(IpAddr, u16, crate::model::Protocol), ServicePortName> =
-        BTreeMap::new();
+    for family in IpFamily::ALL {
+        out.extend(
+            Claims::new(state, family)
+                .clashes
+                .iter()
+                .map(ToString::to_string),
+        );
+    }
     let mut node_ports: BTreeMap<(u16, crate::model::Protocol), ServicePortName> = BTreeMap::new();
     for svc in state.services.values() {
         for port in &svc.ports {
             let name = svc.port_name(port);
-            for ip in &svc.cluster_ips {
-                let first = seen
-                    .entry((*ip, port.port, port.protocol))
-                    .or_insert(name.clone());
-                if *first != name {
-                    out.push(format!(
-                        "{name} and {first} both claim {ip} port {}/{}; {first} keeps it",
-                        port.port, port.protocol
-                    ));
-                }
-            }
             if let Some(np) = port.node_port {
                 let first = node_ports
                     .entry((np, port.protocol))

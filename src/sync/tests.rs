@@ -34,6 +34,7 @@ fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint: &str) {
         internal_traffic_policy: TrafficPolicy::Cluster,
         health_check_node_port: None,
         session_affinity_timeout: None,
+        created: None,
     };
     let slice = EndpointSlice {
         name: name("ns", &format!("{n}-1")),
@@ -492,6 +493,7 @@ fn random_service(rng: &mut Rng, i: usize) -> Service {
         health_check_node_port: (external_traffic_policy == TrafficPolicy::Local && has_node_port)
             .then_some(32000 + n),
         session_affinity_timeout: rng.chance(1, 4).then(|| *rng.pick(&[10800u32, 60])),
+        created: None,
     }
 }
 
@@ -996,6 +998,31 @@ fn services_sharing_a_key_take_the_full_path() {
     // The uninvolved one is still incremental.
     set_endpoints(&mut st, "bad", &["198.51.100.32"]);
     done(syncer.sync_changed(&st.subset(&one("bad")), &one("bad"), &settings()));
+}
+
+#[test]
+fn an_external_ip_on_another_services_cluster_ip_keeps_both_on_the_full_path() {
+    let mut st = state();
+    // "thief" lists the ClusterIP of "good" as an externalIP: the full build gives it no
+    // element for that key, so nothing in the table shows the dependency; the build notes it.
+    add_service(&mut st, "thief", "203.0.113.30", "198.51.100.30");
+    st.services
+        .get_mut(&name("ns", "thief"))
+        .unwrap()
+        .external_ips = vec!["203.0.113.10".parse().unwrap()];
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    for n in ["good", "thief"] {
+        set_endpoints(&mut st, n, &["198.51.100.31"]);
+        let reason = needs_full(syncer.sync_changed(&st.subset(&one(n)), &one(n), &settings()));
+        assert!(reason.contains("depend on other"), "{n}: {reason}");
+    }
+    // Once "good" is gone the externalIP is the thief's: a full build, as the path requires.
+    st.services.remove(&name("ns", "good"));
+    syncer.sync(&st, &settings(), false).unwrap();
+    let mut fresh = Syncer::new(FakeKernel::new());
+    fresh.sync(&st, &settings(), false).unwrap();
+    assert_eq!(syncer.kernel().tables, fresh.kernel().tables);
 }
 
 #[test]

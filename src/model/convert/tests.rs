@@ -139,8 +139,17 @@ fn a_valid_service_converts_with_all_defaults() {
             internal_traffic_policy: TrafficPolicy::Cluster,
             health_check_node_port: None,
             session_affinity_timeout: None,
+            created: None,
         }
     );
+}
+
+#[test]
+fn the_creation_time_is_kept_in_seconds() {
+    let mut raw = basic_service(json!({"ports": [{"port": 80}]}));
+    raw["metadata"]["creationTimestamp"] = json!("2024-05-01T10:00:00Z");
+    let s = service(&svc(raw)).unwrap().unwrap();
+    assert_eq!(s.created, Some(1_714_557_600));
 }
 
 // ---- Service: cluster IPs ----

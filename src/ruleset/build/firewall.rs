@@ -23,7 +23,7 @@
 
 use ipnet::IpNet;
 
-use super::{Elements, Origin, base, chain, element, jump, service_key, set};
+use super::{Claims, Elements, Origin, base, chain, element, jump, service_key, set};
 use crate::model::{ClusterState, IpFamily};
 use crate::ruleset::names;
 use crate::ruleset::{Atom, ChainType, Hook, KeyField, SetKind, Stmt, Table, Verdict};
@@ -34,7 +34,13 @@ use super::Settings;
 const PRIO_PRE_DNAT: i32 = -110;
 
 /// Adds the firewall sets, chains and elements to `table`.
-pub(super) fn add(state: &ClusterState, settings: &Settings, family: IpFamily, table: &mut Table) {
+pub(super) fn add(
+    state: &ClusterState,
+    settings: &Settings,
+    family: IpFamily,
+    claims: &Claims<'_>,
+    table: &mut Table,
+) {
     let mut ips = Elements::new();
     let mut allow = Elements::new();
     let node_ip = state
@@ -76,7 +82,11 @@ pub(super) fn add(state: &ClusterState, settings: &Settings, family: IpFamily, t
         let ranges = IpNet::aggregate(&ranges);
         for port in &svc.ports {
             let origin = Origin::new(svc.port_name(port));
-            for lb in &lb_ips {
+            // An LB IP another Service keeps (its ClusterIP, say) is not this one's to filter.
+            for lb in lb_ips
+                .iter()
+                .filter(|lb| claims.keeps(&svc.name, **lb, port.protocol, port.port))
+            {
                 let key = vec![
                     Atom::Addr(*lb),
                     Atom::Proto(port.protocol),

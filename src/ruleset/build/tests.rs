@@ -38,6 +38,7 @@ fn service(
         internal_traffic_policy: TrafficPolicy::Cluster,
         health_check_node_port: None,
         session_affinity_timeout: None,
+        created: None,
     }
 }
 

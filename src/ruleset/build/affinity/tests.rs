@@ -110,6 +110,7 @@ fn state(endpoints: &[&str]) -> ClusterState {
             internal_traffic_policy: TrafficPolicy::Cluster,
             health_check_node_port: None,
             session_affinity_timeout: Some(10800),
+            created: None,
         },
     );
     // One slice per endpoint: they may differ in port.
