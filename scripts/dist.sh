@@ -48,6 +48,10 @@ debug=nodeproxy-$version-$target.debug
 # The man page, completions and the commented default config come from the code (host build).
 env -u RUSTFLAGS -u CFLAGS cargo run --locked --quiet --example dist_assets -- "$stage"
 gzip -n -9 -f "$stage/nodeproxy.1"
+# The RPM keeps each file's mtime (cargo-generate-rpm does not clamp it to --source-date), and a
+# checkout's mtimes are the time of the checkout: package staged copies with a fixed one.
+cp systemd/nodeproxy.service systemd/nodeproxy.env README.md LICENSE \
+    docs/migrating-from-kube-proxy.md "$stage/"
 touch -d "@$SOURCE_DATE_EPOCH" "$stage"/* "$stage"/completions/*
 
 cp "$stage/nodeproxy" "dist/nodeproxy-$version-$target"
@@ -58,7 +62,9 @@ cargo deb --no-build --no-strip --target "$target" --output "dist/nodeproxy_${ve
 cargo generate-rpm --target "$target" --arch "$rpm_arch" --auto-req disabled \
     --source-date "$SOURCE_DATE_EPOCH" --output "dist/nodeproxy-${version}-1.${rpm_arch}.rpm"
 
-source_url=${NODEPROXY_SOURCE_URL:-$(git remote get-url origin 2>/dev/null || true)}
+# From Cargo.toml, not from the checkout's remote: where a clone came from is no input of the
+# build, and must not change the image digest.
+source_url=${NODEPROXY_SOURCE_URL:-$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)}
 digest=$(python3 packaging/oci/build-image.py --binary "$stage/nodeproxy" --version "$version" \
     --revision "$commit" --arch "$oci_arch" --created "$SOURCE_DATE_EPOCH" --source "$source_url" \
     --out "dist/nodeproxy-$version-oci-$oci_arch.tar")

@@ -8,7 +8,7 @@
 # With --dist, also what scripts/dist.sh and scripts/test-dist.sh use: objcopy (binutils), python3 (the OCI image writer), cargo-deb and
 # cargo-generate-rpm (the packages), and the tools that test the artifacts: debootstrap and
 # systemd-nspawn (a Debian root booted under a real systemd), lintian, rpm and rpmlint, umoci and
-# skopeo (the image).
+# skopeo (the image), and cargo-fuzz (scripts/fuzz.sh).
 set -euo pipefail
 # `cmd | grep -q` under pipefail fails when grep exits at the first match and cmd dies of
 # SIGPIPE; plain grep reads all of its input.
@@ -51,4 +51,8 @@ if $dist; then
         || cargo install --locked --quiet cargo-deb@3.8.0
     cargo generate-rpm --version 2>/dev/null | matches -x 'cargo-generate-rpm 0.21.1' \
         || cargo install --locked --quiet cargo-generate-rpm@0.21.1
+    # The fuzzer (scripts/fuzz.sh); libFuzzer's C++ is built by its crate with g++.
+    command -v g++ >/dev/null 2>&1 || { apt-get install -y -qq g++; }
+    cargo fuzz --version 2>/dev/null | matches -x 'cargo-fuzz 0.13.2' \
+        || cargo install --locked --quiet cargo-fuzz@0.13.2
 fi

@@ -69,6 +69,9 @@ ok "binary: static-pie, stripped, $size bytes, --version '$got'"
 # --- 2. checksums and determinism of the packaging ---------------------------------------------
 (cd dist && sha256sum --quiet -c SHA256SUMS) || fail "SHA256SUMS does not match dist/"
 cp -a dist "$work/dist-first"
+# As a fresh checkout would have them: the packaged files' mtimes moved to now. (Builds from
+# two clones at different paths were compared by hand: docs/packaging.md.)
+touch systemd/nodeproxy.service systemd/nodeproxy.env README.md LICENSE docs/*.md
 scripts/dist.sh "$target" > "$work/dist-again.log" 2>&1 || { cat "$work/dist-again.log"; fail "dist.sh again"; }
 diff -r "$work/dist-first" dist > "$work/dist-diff.txt" \
     || { cat "$work/dist-diff.txt"; fail "a second dist.sh run gave other bytes"; }

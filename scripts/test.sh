@@ -15,4 +15,5 @@ cargo fmt --check
 cargo clippy --all-targets --all-features -- -D warnings
 scripts/dist.sh
 cargo test --all-features
+scripts/fuzz.sh 60
 scripts/test-dist.sh

@@ -968,6 +968,41 @@ impl NetlinkKernel {
     }
 }
 
+/// Runs every decoder of kernel replies over arbitrary bytes, as `read_table`, `dump` and the
+/// error path would meet them: netlink framing, error codes and extended acks, attributes, set
+/// elements, rule expressions and concatenation descriptions at any nesting. For the fuzz
+/// target `netlink_decode` and its corpus test; returns how much was decoded, so that nothing
+/// is optimised away. Must never panic.
+#[doc(hidden)]
+pub fn decode_any(data: &[u8]) -> usize {
+    let mut decoded = 0;
+    let mut chains = BTreeMap::new();
+    let mut comments = HashMap::new();
+    for m in messages(data) {
+        decoded += 1;
+        let _ = m.error_code();
+        let (text, offset) = parse_ext_ack(m.flags, m.payload);
+        decoded += text.map_or(0, |t| t.len()) + offset.map_or(0, |_| 1);
+        let attrs = m.payload.get(NFGEN_HDRLEN..).unwrap_or_default();
+        for (_, p, _) in Attrs::new(attrs) {
+            decoded += parse_desc_concat(p).len();
+            decoded += cstr(p).len();
+            for (_, e, _) in Attrs::new(p) {
+                if parse_elem(e, &mut chains, &mut comments).is_some() {
+                    decoded += 1;
+                }
+                decoded += parse_expr(e).name.len();
+                for (_, inner, _) in Attrs::new(e) {
+                    if parse_elem(inner, &mut chains, &mut comments).is_some() {
+                        decoded += 1;
+                    }
+                }
+            }
+        }
+    }
+    decoded
+}
+
 fn parse_ext_ack(flags: u16, payload: &[u8]) -> (Option<String>, Option<u32>) {
     if flags & NLM_F_ACK_TLVS == 0 {
         return (None, None);

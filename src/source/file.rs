@@ -61,6 +61,20 @@ pub fn load_files_limited(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, S
     Ok(assemble(reader.entries))
 }
 
+/// Reads objects from text as if it were the file `name` (whose extension picks JSON or YAML):
+/// what [`load_files`] does after reading a file. For the fuzz target `file_reader` and its
+/// corpus test.
+#[doc(hidden)]
+pub fn load_text(name: &Path, text: &str) -> Result<Loaded, SourceError> {
+    let mut reader = Reader {
+        path: name,
+        ordinal: 0,
+        entries: Vec::new(),
+    };
+    reader.read(text)?;
+    Ok(assemble(reader.entries))
+}
+
 /// Reads one file as UTF-8 text, failing once it is longer than `max_bytes`.
 fn read_bounded(path: &Path, max_bytes: u64) -> Result<String, SourceError> {
     use std::io::Read as _;
