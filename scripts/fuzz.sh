@@ -2,6 +2,7 @@
 # Fuzzes the parsers with cargo fuzz (libFuzzer): scripts/fuzz.sh [SECONDS] [TARGET...]
 #   file_reader     --from-file bytes (YAML and JSON) -> model -> ruleset -> rendering
 #   netlink_decode  kernel replies: netlink framing, acks, attributes, elements, expressions
+#   sync_diff       state sequences: diff(a, b) applied to a is b; incremental equals full
 # Each target runs SECONDS (default 60, the CI run; `scripts/fuzz.sh 3600` is the long run)
 # from its seeds in fuzz/corpus/<target> plus what earlier runs found (target/fuzz-corpus/,
 # not committed), with a 2 GiB memory limit. A crash, a panic or the limit fails the run;
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/../fuzz"
 seconds=${1:-60}
 [ $# -gt 0 ] && shift
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(file_reader netlink_decode)
+[ ${#targets[@]} -gt 0 ] || targets=(file_reader netlink_decode sync_diff)
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz.sh: cargo-fuzz is missing; scripts/setup.sh --dist installs it" >&2
     exit 1

@@ -204,7 +204,8 @@ impl<K: Kernel> Syncer<K> {
             }
         };
         self.baseline =
-            incremental::Baseline::new(&self.applied, settings, &state.nodes, contested);
+            incremental::Baseline::new(&self.applied, settings, &state.nodes, contested)
+                .map(|b| b.with_claims(&state.services));
         outcome.quarantined = self.quarantined();
         outcome.duration = started.elapsed();
         Ok(outcome)

@@ -6,13 +6,18 @@
 //!   accepts the rendering;
 //! - `netlink_decode` gets the batches nodeproxy encodes for every golden (the same attribute
 //!   layouts as the kernel's dump replies), every prefix of them and deterministic byte flips:
-//!   decoding never panics, and the intact batches decode to something.
+//!   decoding never panics, and the intact batches decode to something;
+//! - `sync_diff` (the property in `fuzz/fuzz_targets/common/sync_diff.rs`) holds for every seed
+//!   and for 400 more deterministic pseudo-random inputs.
 //!
 //! `UPDATE_FUZZ_SEEDS=1 cargo test --test fuzz_corpus` rewrites the `netlink_decode` seeds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+
+#[path = "../fuzz/fuzz_targets/common/sync_diff.rs"]
+mod sync_diff;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -157,5 +162,25 @@ fn netlink_decoding_never_panics_on_encoded_tables_cut_or_flipped() {
         }) {
             std::fs::write(dir.join(name), bytes).unwrap();
         }
+    }
+}
+
+#[test]
+fn diffs_and_incremental_syncs_hold_for_every_sync_diff_seed_and_random_sequences() {
+    for path in seeds("sync_diff") {
+        let data = std::fs::read(&path).unwrap();
+        sync_diff::check(&data);
+    }
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for len in (0..400).map(|i| 8 + i % 120) {
+        let data: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        sync_diff::check(&data);
     }
 }

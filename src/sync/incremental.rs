@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{SyncOutcome, Syncer, without};
-use crate::model::{ClusterState, IpFamily, Node, ServiceName, ServicePortName};
+use crate::model::{ClusterState, IpFamily, Node, Protocol, Service, ServiceName, ServicePortName};
 use crate::nft::{self, Kernel, NftError, WireElem, WireSet, WireTable};
 use crate::ruleset::{self, Contested, Hints, Settings};
 
@@ -71,6 +71,36 @@ pub(super) struct Baseline {
     /// being reused, so an element belongs to a Service exactly when its origin's address is
     /// one of these.
     origins: HashMap<ServiceName, Vec<Arc<ServicePortName>>>,
+    /// Who claims each address . protocol . port and each NodePort, winner or not. A changed
+    /// Service that claims one held by an unchanged Service takes the full path: which of
+    /// them gets the key decides elements of the unchanged one too, possibly in other maps
+    /// (found by fuzzing: an added Service taking an externalIP from a younger one left the
+    /// younger one's elements in place).
+    claims: HashMap<ClaimKey, BTreeSet<ServiceName>>,
+}
+
+/// An address . protocol . port, or a NodePort (no address), that a Service claims.
+type ClaimKey = (Option<std::net::IpAddr>, Protocol, u16);
+
+fn claim_keys(svc: &Service) -> Vec<ClaimKey> {
+    let addrs = svc
+        .cluster_ips
+        .iter()
+        .chain(&svc.external_ips)
+        .chain(&svc.load_balancer_ips);
+    let mut keys: Vec<ClaimKey> = addrs
+        .flat_map(|a| {
+            svc.ports
+                .iter()
+                .map(move |p| (Some(*a), p.protocol, p.port))
+        })
+        .collect();
+    keys.extend(
+        svc.ports
+            .iter()
+            .filter_map(|p| Some((None, p.protocol, p.node_port?))),
+    );
+    keys
 }
 
 /// How the objects of one applied table are used.
@@ -202,7 +232,36 @@ impl Baseline {
             contested,
             families,
             origins,
+            claims: HashMap::new(),
         })
+    }
+
+    /// Records the claims of `services`, the whole state the full build was made from.
+    pub(super) fn with_claims(mut self, services: &BTreeMap<ServiceName, Service>) -> Baseline {
+        self.claims.clear();
+        for (name, svc) in services {
+            self.claim(name, svc);
+        }
+        self
+    }
+
+    fn claim(&mut self, name: &ServiceName, svc: &Service) {
+        for key in claim_keys(svc) {
+            self.claims.entry(key).or_default().insert(name.clone());
+        }
+    }
+
+    /// The claims of `changed` replaced by those of their versions in `scoped`.
+    fn reclaim(&mut self, scoped: &ClusterState, changed: &BTreeSet<ServiceName>) {
+        self.claims.retain(|_, holders| {
+            holders.retain(|h| !changed.contains(h));
+            !holders.is_empty()
+        });
+        for name in changed {
+            if let Some(svc) = scoped.services.get(name) {
+                self.claim(name, svc);
+            }
+        }
     }
 }
 
@@ -383,6 +442,9 @@ impl<K: Kernel> Syncer<K> {
         }
 
         self.commit(deltas, changed);
+        if let Some(base) = self.baseline.as_mut() {
+            base.reclaim(scoped, changed);
+        }
         for name in released {
             tracing::info!("Service {name} changed: retrying it after quarantine");
             self.quarantine.remove(&name);
@@ -430,6 +492,20 @@ impl<K: Kernel> Syncer<K> {
                 "a changed Service's elements depend on other Services (a contested key, or a \
                  map that no verdict reaches)",
             );
+        }
+
+        for (name, svc) in &scoped.services {
+            let shared = claim_keys(svc).into_iter().any(|key| {
+                base.claims.get(&key).is_some_and(|holders| {
+                    holders.iter().any(|h| h != name && !changed.contains(h))
+                })
+            });
+            if shared {
+                return Err(
+                    "a changed Service claims an address, protocol and port (or a NodePort) that \
+                     another Service holds",
+                );
+            }
         }
 
         // Quarantine: a changed quarantined Service gets another chance, as in `sync`; one

@@ -974,6 +974,40 @@ fn changed_settings_or_nodes_need_a_full_sync() {
 }
 
 #[test]
+fn a_changed_service_taking_an_address_from_an_unchanged_one_takes_the_full_path() {
+    // Found by the sync_diff fuzz target: "older" (created first) gains the externalIP that
+    // "young" holds, so "young" loses it; rebuilding "older" alone left young's elements.
+    let mut st = state();
+    add_service(&mut st, "young", "203.0.113.30", "198.51.100.30");
+    let young = st.services.get_mut(&name("ns", "young")).unwrap();
+    young.external_ips = vec!["198.51.100.200".parse().unwrap()];
+    young.created = Some(2_000);
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    add_service(&mut st, "older", "203.0.113.31", "198.51.100.31");
+    let older = st.services.get_mut(&name("ns", "older")).unwrap();
+    older.external_ips = vec!["198.51.100.200".parse().unwrap()];
+    older.created = Some(1_000);
+    let reason =
+        needs_full(syncer.sync_changed(&st.subset(&one("older")), &one("older"), &settings()));
+    assert!(reason.contains("another Service holds"), "{reason}");
+    syncer.sync(&st, &settings(), false).unwrap();
+    assert!(syncer.kernel().tables == full_tables(&st, &settings()).tables);
+    // Its claims are tracked through incremental syncs too: an endpoint change of an
+    // uninvolved Service is incremental, and "older" leaving again needs the full path.
+    set_endpoints(&mut st, "bad", &["198.51.100.32"]);
+    done(syncer.sync_changed(&st.subset(&one("bad")), &one("bad"), &settings()));
+    st.services.remove(&name("ns", "older"));
+    st.slices.remove(&name("ns", "older-1"));
+    let reason =
+        needs_full(syncer.sync_changed(&st.subset(&one("older")), &one("older"), &settings()));
+    assert!(
+        reason.contains("contested") || reason.contains("another"),
+        "{reason}"
+    );
+}
+
+#[test]
 fn a_scoped_state_with_unchanged_services_is_refused() {
     let st = state();
     let mut syncer = Syncer::new(FakeKernel::new());
@@ -1034,7 +1068,7 @@ fn claiming_a_key_another_service_holds_takes_the_full_path() {
     st.services.get_mut(&name("ns", "bad")).unwrap().cluster_ips =
         vec!["203.0.113.10".parse().unwrap()];
     let reason = needs_full(syncer.sync_changed(&st.subset(&one("bad")), &one("bad"), &settings()));
-    assert!(reason.contains("another one holds"), "{reason}");
+    assert!(reason.contains("another Service holds"), "{reason}");
     // Two changed Services claiming one key between them: also the full path, so that the
     // next full build records them.
     let both: BTreeSet<ServiceName> = [name("ns", "good"), name("ns", "bad")].into();
