@@ -24,59 +24,17 @@
 #[path = "../tests/fakeapi/mod.rs"]
 mod fakeapi;
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::{Killed, cpu_seconds, env_or, last_sync, service, slice, status_field};
 use fakeapi::{FakeApi, Kind};
-use serde_json::{Value, json};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn service(s: usize) -> Value {
-    let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + s as u32).to_string();
-    let mut port = json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080});
-    let kind = if s.is_multiple_of(4) {
-        port["nodePort"] = json!(30000 + (s / 4) % 2768);
-        "NodePort"
-    } else {
-        "ClusterIP"
-    };
-    json!({"metadata": {"namespace": format!("ns{}", s % 100), "name": format!("svc{s}")},
-           "spec": {"type": kind, "clusterIP": ip, "clusterIPs": [ip], "ports": [port]}})
-}
-
-/// The slice of service `s`, its first endpoint replaced by `first` if given.
-fn slice(s: usize, endpoints: usize, first: Option<Ipv4Addr>) -> Value {
-    let eps: Vec<Value> = (0..endpoints)
-        .map(|e| {
-            let slot = s * endpoints + e;
-            let addr = match first {
-                Some(a) if e == 0 => a,
-                _ => Ipv4Addr::from(0x0A80_0000u32 + slot as u32),
-            };
-            let node = if slot.is_multiple_of(1000) {
-                "node-a".to_owned()
-            } else {
-                format!("node-{}", slot % 1000)
-            };
-            json!({"addresses": [addr.to_string()], "conditions": {"ready": true}, "nodeName": node})
-        })
-        .collect();
-    json!({"metadata": {"namespace": format!("ns{}", s % 100), "name": format!("svc{s}-abcde"),
-                        "labels": {"kubernetes.io/service-name": format!("svc{s}")}},
-           "addressType": "IPv4",
-           "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
-           "endpoints": eps})
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -99,53 +57,6 @@ fn summary(what: &str, mut lat: Vec<Duration>, missing: usize) {
     );
 }
 
-/// utime + stime of `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    // USER_HZ is 100 on Linux.
-    ticks as f64 / 100.0
-}
-
-fn status_field(pid: u32, field: &str) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .map(|l| l[field.len()..].trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn last_sync(metrics: u16) -> f64 {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", metrics)) else {
-        return 0.0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    );
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text.lines()
-        .filter(|l| l.starts_with("kubeproxy_sync_proxy_rules_last_timestamp_seconds"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, f64::max)
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn run() {
     let services: usize = env_or("NP_SERVICES", 10_000);
     let endpoints: usize = env_or("NP_ENDPOINTS", 10);
@@ -154,14 +65,7 @@ fn run() {
     let churn_seconds: f64 = env_or("NP_CHURN_SECONDS", 10.0);
     let min_sync: String = env_or("NP_MIN_SYNC_PERIOD", "1s".to_owned());
     let sync_period: String = env_or("NP_SYNC_PERIOD", "30s".to_owned());
-    let min_sync_d = Duration::from_secs_f64(
-        min_sync
-            .trim_end_matches("ms")
-            .trim_end_matches('s')
-            .parse::<f64>()
-            .unwrap()
-            / if min_sync.ends_with("ms") { 1e3 } else { 1.0 },
-    );
+    let min_sync_d = common::duration_arg(&min_sync);
 
     let lo = Command::new("ip")
         .args(["link", "set", "lo", "up"])
@@ -174,11 +78,7 @@ fn run() {
         .build()
         .unwrap();
     let api = rt.block_on(FakeApi::start());
-    api.apply(
-        Kind::Node,
-        json!({"metadata": {"name": "node-a"}, "spec": {"podCIDRs": ["10.128.0.0/24"]},
-               "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.11"}]}}),
-    );
+    api.apply(Kind::Node, common::node_a());
     for s in 0..services {
         api.apply(Kind::Service, service(s));
         api.apply(Kind::EndpointSlice, slice(s, endpoints, None));

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as root on Debian: formatting and lints; every release artifact built
-# (scripts/dist.sh); unit, golden, kernel, traffic and image tests (cargo test); then the
+# (scripts/dist.sh); unit, golden, kernel, traffic and image tests (cargo test); fuzzing
+# (scripts/fuzz.sh) and a 2-minute soak (scripts/soak.sh); then the
 # artifacts installed and run (scripts/test-dist.sh: the DEB under a real systemd, the RPM, the
 # image). Kernel and traffic tests create their own network namespaces and need root; without
 # root they fail loudly rather than skip.
@@ -16,4 +17,5 @@ cargo clippy --all-targets --all-features -- -D warnings
 scripts/dist.sh
 cargo test --all-features
 scripts/fuzz.sh 60
+scripts/soak.sh 2
 scripts/test-dist.sh

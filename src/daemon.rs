@@ -13,7 +13,8 @@
 //! sync requests over a channel; the async side only decides *when* to sync. Changes are
 //! coalesced: after a change, the next sync starts once `min_sync_period` has passed since the
 //! previous one started, and covers everything that arrived meanwhile. Every `sync_period` a
-//! verification sync reads our tables back, so drift is repaired within one period. A failed sync
+//! verification sync reads our tables back (the change sync due then, while changes keep
+//! coming), so drift is repaired within one period. A failed sync
 //! is retried with a verification sync after a backoff capped at `sync_period`.
 //!
 //! A sync costs what changed, not the cluster's size: the watch records which Services changed,
@@ -503,7 +504,10 @@ impl Schedule {
     fn start(&mut self, now: Instant) -> bool {
         // Nothing changed: this is the periodic verification.
         self.periodic = !self.pending;
-        if self.periodic {
+        // A change sync that falls due after the verification verifies too: under a steady
+        // stream of changes (one per sync period is enough) there is never an idle sync, and
+        // a table changed by someone else would otherwise never be repaired.
+        if self.periodic || now >= self.next_verify {
             self.verify = true;
         }
         self.last_start = Some(now);
@@ -511,11 +515,14 @@ impl Schedule {
     }
 
     fn succeeded(&mut self, started: Instant) {
+        // Only a sync that read the kernel back postpones the next verification.
+        if self.verify {
+            self.next_verify = started + self.cfg.sync_period;
+        }
         self.pending = false;
         self.verify = false;
         self.retry_at = None;
         self.backoff = Duration::ZERO;
-        self.next_verify = started + self.cfg.sync_period;
     }
 
     /// Returns the delay before the retry.

@@ -84,7 +84,37 @@ fn failures_back_off_up_to_the_sync_period_and_verify() {
     assert!(!s.periodic, "a retry is not a mere verification");
     s.succeeded(t0);
     s.changed();
-    assert!(!s.start(t0 + cfg().sync_period));
+    assert!(!s.start(t0 + 500 * MS));
+}
+
+#[test]
+fn a_steady_stream_of_changes_still_verifies_every_sync_period() {
+    // Found while writing the soak: with a change at least once per sync period no sync was idle,
+    // so none read the kernel back and `nft flush ruleset` stayed unrepaired.
+    let t0 = Instant::now();
+    let mut s = Schedule::new(cfg(), t0);
+    assert!(s.start(t0));
+    s.succeeded(t0);
+    let mut verified = Vec::new();
+    let mut now = t0;
+    while now < t0 + 3 * cfg().sync_period + MS {
+        now += 500 * MS;
+        s.changed();
+        assert!(
+            s.due(now) <= now,
+            "a change 500 ms after the last sync is due"
+        );
+        if s.start(now) {
+            verified.push(now - t0);
+        }
+        assert!(!s.periodic, "a change sync is not a mere verification");
+        s.succeeded(now);
+    }
+    assert_eq!(
+        verified,
+        [1, 2, 3].map(|i| i * cfg().sync_period),
+        "one change sync per sync period verifies, and only one"
+    );
 }
 
 // The whole-state computations the per-Service caches replaced, kept as the reference the caches
