@@ -126,7 +126,8 @@ pub fn metric(text: &str, name: &str) -> f64 {
                 .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        // Not `sum()`: an empty f64 sum is -0.0, which prints as "-0".
+        .fold(0.0, |a, b| a + b)
 }
 
 /// When the last successful sync ended (seconds since the epoch; 0 before the first).
