@@ -591,6 +591,16 @@ fn run(minutes: f64) -> Result<(), String> {
         last_sum / last_syncs.max(1.0) * 1e3,
         samples.last().map(|s| s.repairs).unwrap_or_default()
     );
+    // Each removal by hand is repaired once per table it touched (a flush: both families'),
+    // and nothing else is drift: a repair counted without one is a false alarm.
+    let repairs = samples.last().map(|s| s.repairs).unwrap_or_default();
+    let tampers = c.outages.len() as f64 + f64::from(u8::from(c.outage_since.is_some()));
+    if repairs < tampers || repairs > 2.0 * tampers {
+        failures.push(format!(
+            "{repairs} drift repairs counted for {tampers} removals of our rules by hand \
+             (expected one or two each)"
+        ));
+    }
     failures.extend(growth(&samples));
     drop(daemon);
     let text = daemon_log();

@@ -243,13 +243,23 @@ impl<K: Kernel> Syncer<K> {
                 }
             };
             let t = Instant::now();
+            // Someone else's change is a difference between the kernel and what we last
+            // applied, not one from what we want now: a verification that falls due while
+            // changes keep coming carries those changes too.
+            let drifted = verify
+                && trusted
+                && self
+                    .applied
+                    .get(&family)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|applied| !nft::diff(have.as_ref(), applied).is_empty());
             let plan = nft::diff(have.as_ref(), &want);
             rep.diff += t.elapsed();
             rep.tables += 1;
             if plan.is_empty() {
                 rep.empty_plans += 1;
             } else {
-                if verify && trusted {
+                if drifted {
                     outcome.drift_repaired = true;
                     outcome.drift_families.push(family);
                 }

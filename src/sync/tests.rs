@@ -216,6 +216,25 @@ fn verification_repairs_a_table_deleted_behind_our_back() {
 }
 
 #[test]
+fn a_verification_carrying_changes_reports_drift_only_when_someone_else_changed_the_table() {
+    // The daemon verifies with the pending changes when the sync period falls due under
+    // churn: those changes are not someone else's.
+    let mut st = state();
+    let mut syncer = Syncer::new(kernel(&[]));
+    syncer.sync(&st, &settings(), false).unwrap();
+    set_endpoints(&mut st, "good", &["198.51.100.41"]);
+    let out = syncer.sync(&st, &settings(), true).unwrap();
+    assert!(out.report.messages > 0, "the change is applied");
+    assert!(!out.drift_repaired, "our own change reported as drift");
+    // Someone deletes our table; a change is pending as the verification runs.
+    syncer.kernel().inner.delete_tables("nodeproxy").unwrap();
+    set_endpoints(&mut st, "good", &["198.51.100.42"]);
+    let out = syncer.sync(&st, &settings(), true).unwrap();
+    assert!(out.drift_repaired);
+    assert!(syncer.kernel().inner.tables == full_tables(&st, &settings()).tables);
+}
+
+#[test]
 fn a_rejection_of_every_service_in_turn_is_bounded() {
     let mut st = state();
     for i in 0..20 {
