@@ -15,7 +15,8 @@
 //! last sync. So a disturbance is repaired within one sync period even while changes keep
 //! coming. A client connection may fail only while someone else's `nft` has removed our rules
 //! (from the removal until the kernel matched again; the time until the client first got
-//! through again is reported); any other failure fails the soak. RSS and open file descriptors
+//! through again is reported); any other failure fails the soak, as do more drift repairs
+//! counted than the removals can explain. RSS and open file descriptors
 //! are sampled every 5 s: the last quarter of the run may not hold more than the second quarter
 //! (10 % + 4 MiB, 2 descriptors).
 //!
@@ -529,6 +530,19 @@ fn run(minutes: f64) -> Result<(), String> {
     }
     if outage_until.is_some() {
         rt.block_on(world.api.come_back());
+        check = Some(("API outage (10 s)", Instant::now() + sync_period));
+    }
+    // A disturbance still within its sync period gets the rest of it, as the others did.
+    if let Some((what, at)) = check {
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        converge(
+            what,
+            &world,
+            &settings,
+            &tampered,
+            &mut convergence,
+            &mut failures,
+        );
     }
     // The end state, after the last changes.
     converge(
@@ -591,14 +605,18 @@ fn run(minutes: f64) -> Result<(), String> {
         last_sum / last_syncs.max(1.0) * 1e3,
         samples.last().map(|s| s.repairs).unwrap_or_default()
     );
-    // Each removal by hand is repaired once per table it touched (a flush: both families'),
-    // and nothing else is drift: a repair counted without one is a false alarm.
+    // A removal by hand is counted as drift at most once per table it touched (a flush: both
+    // families'), and nothing else is drift: more is a false alarm. It may be counted not at
+    // all: when a change sync runs first, the kernel rejects its delta and the full sync that
+    // follows repairs the table without having trusted its memory (that it was repaired is
+    // what the convergence check shows).
     let repairs = samples.last().map(|s| s.repairs).unwrap_or_default();
     let tampers = c.outages.len() as f64 + f64::from(u8::from(c.outage_since.is_some()));
-    if repairs < tampers || repairs > 2.0 * tampers {
+    println!("drift repairs counted: {repairs} for {tampers} removals of our rules by hand");
+    if repairs > 2.0 * tampers {
         failures.push(format!(
-            "{repairs} drift repairs counted for {tampers} removals of our rules by hand \
-             (expected one or two each)"
+            "{repairs} drift repairs counted for {tampers} removals of our rules by hand: \
+             false alarms"
         ));
     }
     failures.extend(growth(&samples));

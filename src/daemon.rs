@@ -795,12 +795,16 @@ impl<K: Kernel> Writer<K> {
 
     fn handle(&mut self, work: Work) -> Result<Synced, NftError> {
         let done = match work {
-            Work::Full { state, verify } => self.sync_all(state, verify)?,
+            Work::Full { state, verify } => {
+                // A verification that falls due while changes keep coming reads back only
+                // when someone else committed, as the idle one does: at 10k Services the
+                // read-back costs more than half a second, every sync period.
+                let verify =
+                    verify && (self.rebuild_overdue() || !self.syncer.kernel_unchanged()?);
+                self.sync_all(state, verify)?
+            }
             Work::Verify => {
-                let overdue = self
-                    .last_full_rebuild
-                    .is_none_or(|t| t.elapsed() >= FULL_REBUILD_PERIOD);
-                if overdue || !self.syncer.kernel_unchanged()? {
+                if self.rebuild_overdue() || !self.syncer.kernel_unchanged()? {
                     self.sync_all((self.full_state)(), true)?
                 } else {
                     tracing::debug!(
@@ -862,6 +866,12 @@ impl<K: Kernel> Writer<K> {
             conntrack_deleted,
             address_conflicts: self.address_conflicts,
         })
+    }
+
+    /// Every Service is rebuilt and compared at least every `FULL_REBUILD_PERIOD`.
+    fn rebuild_overdue(&self) -> bool {
+        self.last_full_rebuild
+            .is_none_or(|t| t.elapsed() >= FULL_REBUILD_PERIOD)
     }
 
     /// Syncs every Service of `state` and rebuilds the caches from it.
