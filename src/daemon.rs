@@ -39,11 +39,11 @@ use tokio::sync::{oneshot, watch as tokio_watch};
 
 use crate::config::{Config, ConfigError, TableOwnership};
 use crate::conntrack::{self, ConntrackError, UdpService};
-use crate::health::{HealthCheckServers, ProxyHealth};
-use crate::http::{self, Handler, HttpServer};
+use crate::health::{self, HealthCheckServers, ProxyHealth};
+use crate::http::{Handler, HttpServer};
 use crate::leftovers::{self, LeftoverError};
 use crate::lock::{self, LockError};
-use crate::metrics::{Metrics, PolicyKind, SyncKind};
+use crate::metrics::{self, Metrics, PolicyKind, SyncKind};
 use crate::model::{ClusterState, IpFamily, ServiceName};
 use crate::nft::owner::{self, Ownership, TakeOver};
 use crate::nft::probe::{self, Missing};
@@ -306,7 +306,7 @@ async fn run_async(
     let metrics = Metrics::new();
     let mut servers = Vec::new();
     if let Some(addr) = config.healthz_bind_address {
-        let handler = http::healthz_handler(health.clone(), metrics.clone());
+        let handler = health::healthz_handler(health.clone(), metrics.clone());
         servers.push(tokio::spawn(serve(
             "healthz",
             addr,
@@ -315,7 +315,7 @@ async fn run_async(
         )));
     }
     if let Some(addr) = config.metrics_bind_address {
-        let handler = http::metrics_handler(metrics.clone());
+        let handler = metrics::handler(metrics.clone());
         servers.push(tokio::spawn(serve(
             "metrics",
             addr,

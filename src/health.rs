@@ -332,9 +332,18 @@ fn code(healthy: bool) -> StatusCode {
     }
 }
 
+/// The healthz server's routes: `/healthz` and `/livez` (kube-proxy's `--healthz-bind-address`).
+pub fn healthz_handler(health: ProxyHealth, metrics: Metrics) -> Handler {
+    Arc::new(move |req| match req.uri().path() {
+        "/healthz" => healthz_response(&health, &metrics),
+        "/livez" => livez_response(&health, &metrics),
+        _ => http::not_found(),
+    })
+}
+
 /// `/healthz`: 200 iff the rules are fresh and the Node is eligible; counted in
 /// `kubeproxy_proxy_healthz_total{code}`.
-pub(crate) fn healthz_response(health: &ProxyHealth, metrics: &Metrics) -> hyper::Response<Body> {
+fn healthz_response(health: &ProxyHealth, metrics: &Metrics) -> hyper::Response<Body> {
     let (healthy, json) = health_json(health.snapshot(), true);
     let status = code(healthy);
     metrics.inc_healthz(status.as_u16());
@@ -343,7 +352,7 @@ pub(crate) fn healthz_response(health: &ProxyHealth, metrics: &Metrics) -> hyper
 
 /// `/livez`: 200 iff the rules are fresh, whatever the Node; counted in
 /// `kubeproxy_proxy_livez_total{code}`.
-pub(crate) fn livez_response(health: &ProxyHealth, metrics: &Metrics) -> hyper::Response<Body> {
+fn livez_response(health: &ProxyHealth, metrics: &Metrics) -> hyper::Response<Body> {
     let (healthy, json) = health_json(health.snapshot(), false);
     let status = code(healthy);
     metrics.inc_livez(status.as_u16());

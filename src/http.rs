@@ -1,5 +1,5 @@
-//! The small HTTP servers: `/healthz` + `/livez`, `/metrics`, and (through [`crate::health`]) the
-//! per-Service health-check node ports.
+//! The HTTP server under `/healthz` + `/livez` ([`crate::health`]), `/metrics`
+//! ([`crate::metrics`]) and the per-Service health-check node ports: a leaf that knows no routes.
 //!
 //! Every server here answers a handful of GET endpoints with bodies computed in memory, so a
 //! handler is a plain function from request to response; hyper does the protocol work. Servers
@@ -24,9 +24,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-
-use crate::health::{self, ProxyHealth};
-use crate::metrics::{self, Metrics};
 
 /// How long open connections get to finish after shutdown is signalled.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -192,7 +189,7 @@ fn ipv6_unavailable(e: &io::Error) -> bool {
 }
 
 /// A response with `status`, `content_type` and `body`.
-pub(crate) fn respond(
+pub fn respond(
     status: StatusCode,
     content_type: &'static str,
     body: impl Into<Bytes>,
@@ -209,64 +206,13 @@ pub(crate) fn respond(
     resp
 }
 
-fn not_found() -> Response<Body> {
+/// The answer to a path a server does not serve (the text Go's `net/http` sends).
+pub fn not_found() -> Response<Body> {
     respond(
         StatusCode::NOT_FOUND,
         "text/plain; charset=utf-8",
         "404 page not found\n",
     )
-}
-
-/// The healthz server's routes: `/healthz` and `/livez` (kube-proxy's `--healthz-bind-address`).
-pub fn healthz_handler(health: ProxyHealth, metrics: Metrics) -> Handler {
-    Arc::new(move |req| match req.uri().path() {
-        "/healthz" => health::healthz_response(&health, &metrics),
-        "/livez" => health::livez_response(&health, &metrics),
-        _ => not_found(),
-    })
-}
-
-/// The metrics server's routes (kube-proxy's `--metrics-bind-address`): `/metrics`, a plain
-/// `/healthz`, and `/proxyMode`.
-pub fn metrics_handler(metrics: Metrics) -> Handler {
-    Arc::new(move |req| match req.uri().path() {
-        "/metrics" => match metrics.encode() {
-            Ok(text) => respond(StatusCode::OK, metrics::CONTENT_TYPE, text),
-            Err(e) => respond(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain; charset=utf-8",
-                format!("encoding metrics failed: {e}\n"),
-            ),
-        },
-        "/healthz" => respond(StatusCode::OK, "text/plain; charset=utf-8", "ok"),
-        "/proxyMode" => respond(StatusCode::OK, "text/plain; charset=utf-8", "nftables"),
-        _ => not_found(),
-    })
-}
-
-/// Serves `/healthz` and `/livez` on `addr` until `shutdown` resolves.
-pub async fn serve_healthz(
-    addr: SocketAddr,
-    health: ProxyHealth,
-    metrics: Metrics,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), HttpError> {
-    let server = HttpServer::bind(addr, healthz_handler(health, metrics)).await?;
-    tracing::info!(%addr, "serving /healthz and /livez");
-    server.run(shutdown).await;
-    Ok(())
-}
-
-/// Serves `/metrics`, `/healthz` and `/proxyMode` on `addr` until `shutdown` resolves.
-pub async fn serve_metrics(
-    addr: SocketAddr,
-    metrics: Metrics,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), HttpError> {
-    let server = HttpServer::bind(addr, metrics_handler(metrics)).await?;
-    tracing::info!(%addr, "serving /metrics");
-    server.run(shutdown).await;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -193,7 +193,7 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             // (and pinned clients their endpoints) across runs.
             let report = nft::sync_with(&mut kernel, ruleset::names::TABLE, move |have| {
                 let started = std::time::Instant::now();
-                let hints = ruleset::Hints::from_tables(have);
+                let hints = nodeproxy::sync::affinity_hints(have);
                 let desired = ruleset::build_with(&state, &settings, &hints);
                 tracing::debug!(
                     "built the ruleset in {:.1} ms",

@@ -18,6 +18,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets, line
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
+use hyper::StatusCode;
+
+use crate::http::{self, Handler};
 use crate::model::IpFamily;
 
 /// The content type of [`Metrics::encode`]'s output (OpenMetrics text; Prometheus asks for it and
@@ -382,6 +385,25 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
+}
+
+/// The metrics server's routes (kube-proxy's `--metrics-bind-address`): `/metrics`, a plain
+/// `/healthz`, and `/proxyMode`.
+pub fn handler(metrics: Metrics) -> Handler {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    Arc::new(move |req| match req.uri().path() {
+        "/metrics" => match metrics.encode() {
+            Ok(text) => http::respond(StatusCode::OK, CONTENT_TYPE, text),
+            Err(e) => http::respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                TEXT,
+                format!("encoding metrics failed: {e}\n"),
+            ),
+        },
+        "/healthz" => http::respond(StatusCode::OK, TEXT, "ok"),
+        "/proxyMode" => http::respond(StatusCode::OK, TEXT, "nftables"),
+        _ => http::not_found(),
+    })
 }
 
 #[cfg(test)]

@@ -20,8 +20,10 @@ use crate::model::{ClusterState, EndpointSlice, IpFamily, Service, ServiceName};
 use crate::nft::{self, Kernel, NftError, WireTable};
 use crate::ruleset::{self, Hints, Settings};
 
+mod hints;
 mod incremental;
 
+pub use hints::{affinity_hints, affinity_hints_for};
 pub use incremental::Incremental;
 
 /// How many times one sync rebuilds after quarantining: each round must quarantine at least one
@@ -337,7 +339,7 @@ impl<K: Kernel> Syncer<K> {
                 None => self.applied.get(f)?.as_ref(),
             })
             .collect();
-        Ok(Hints::from_tables(&tables))
+        Ok(affinity_hints(&tables))
     }
 
     /// Releases quarantined Services that changed since: they get another chance.

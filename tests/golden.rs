@@ -90,7 +90,7 @@ pub fn render_case(path: &Path, args: &[String]) -> String {
             .iter()
             .map(|t| nft::lower(t).expect("lowers"))
             .collect();
-        ruleset::Hints::from_tables(&tables.iter().collect::<Vec<_>>())
+        nodeproxy::sync::affinity_hints(&tables.iter().collect::<Vec<_>>())
     } else {
         ruleset::Hints::default()
     };

@@ -60,7 +60,7 @@ fn build(name: &str, path: &Path, args: &[String]) -> Built {
             .iter()
             .map(|t| nft::lower(t).unwrap())
             .collect();
-        ruleset::Hints::from_tables(&tables.iter().collect::<Vec<_>>())
+        nodeproxy::sync::affinity_hints(&tables.iter().collect::<Vec<_>>())
     } else {
         ruleset::Hints::default()
     };

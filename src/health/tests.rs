@@ -26,7 +26,7 @@ async fn healthz_server(
     health: &ProxyHealth,
     metrics: &Metrics,
 ) -> (SocketAddr, watch::Sender<()>) {
-    let handler = http::healthz_handler(health.clone(), metrics.clone());
+    let handler = healthz_handler(health.clone(), metrics.clone());
     let server = HttpServer::bind(SocketAddr::from((LOCALHOST, 0)), handler)
         .await
         .unwrap();

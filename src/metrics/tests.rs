@@ -1,5 +1,6 @@
 //! Unit tests for the metrics registry: names, types, labels and buckets as kube-proxy exports them.
 use super::*;
+use crate::http::test_client::get;
 use crate::model::IpFamily::{V4, V6};
 
 /// Records one observation of every metric, so every series appears in the output.
@@ -117,4 +118,45 @@ fn network_programming_buckets_run_from_a_quarter_second_to_five_minutes() {
     assert_eq!(&les[..4], &["0.0", "0.25", "0.5", "1.0"]);
     assert_eq!(les[les.len() - 2], "300.0");
     assert_eq!(les[les.len() - 1], "+Inf");
+}
+
+async fn metrics_server(
+    metrics: &Metrics,
+) -> (std::net::SocketAddr, tokio::sync::watch::Sender<()>) {
+    let localhost = std::net::Ipv4Addr::LOCALHOST;
+    let server = http::HttpServer::bind((localhost, 0).into(), handler(metrics.clone()))
+        .await
+        .unwrap();
+    let addr = server.local_addr().unwrap();
+    let (stop, mut stopped) = tokio::sync::watch::channel(());
+    tokio::spawn(server.run(async move { while stopped.changed().await.is_ok() {} }));
+    (addr, stop)
+}
+
+#[tokio::test]
+async fn the_metrics_server_serves_prometheus_text() {
+    let m = Metrics::new();
+    m.inc_sync_failures(V4);
+    let (addr, _stop) = metrics_server(&m).await;
+    let reply = get(addr, "/metrics").await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), Some(CONTENT_TYPE));
+    assert!(
+        reply.body.contains(
+            r#"kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 1"#
+        ),
+        "{}",
+        reply.body
+    );
+    assert!(reply.body.ends_with("# EOF\n"), "{}", reply.body);
+}
+
+#[tokio::test]
+async fn the_metrics_server_answers_healthz_and_proxy_mode_like_kube_proxy() {
+    let (addr, _stop) = metrics_server(&Metrics::new()).await;
+    let healthz = get(addr, "/healthz").await.unwrap();
+    assert_eq!((healthz.status, healthz.body.as_str()), (200, "ok"));
+    let mode = get(addr, "/proxyMode").await.unwrap();
+    assert_eq!((mode.status, mode.body.as_str()), (200, "nftables"));
+    assert_eq!(get(addr, "/nope").await.unwrap().status, 404);
 }

@@ -235,7 +235,7 @@ pub fn sync(kernel: &mut impl Kernel, desired: Ruleset) -> Result<SyncReport, Nf
 
 /// Like [`sync`] for a ruleset that depends on what the kernel holds: reads our tables (named
 /// `name`, both families) back first, builds the desired ruleset from them (ClientIP-affinity
-/// slots, `ruleset::Hints::from_tables`), and diffs against that same read-back.
+/// slots, `sync::affinity_hints`), and diffs against that same read-back.
 pub fn sync_with(
     kernel: &mut impl Kernel,
     name: &str,

@@ -22,13 +22,13 @@ use super::{
     AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Ruleset,
     Set, SetData, Stmt, Table, Verdict,
 };
-use crate::config::{Config, DetectLocalMode, NodePortAddresses};
 use crate::model::{
     ClusterState, Endpoint, IpFamily, Node, ServiceName, ServicePortName, TrafficPolicy,
     endpoints_for,
 };
 
-/// What `build` needs beyond the cluster state: the configuration with the node name resolved.
+/// What `build` needs beyond the cluster state: the configuration with the node name resolved
+/// (`Settings::new`, in `config`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     /// This node's name (endpoint locality, which Node object is ours).
@@ -64,32 +64,58 @@ pub enum DetectLocal {
     InterfaceNamePrefix(String),
 }
 
-impl Settings {
-    pub fn new(config: &Config, node_name: String) -> Settings {
-        let detect_local = match config.detect_local_mode() {
-            DetectLocalMode::ClusterCidr => DetectLocal::ClusterCidr,
-            DetectLocalMode::NodeCidr => DetectLocal::NodeCidr,
-            // Config validation requires the parameter with its mode; an empty one yields no
-            // detector (see `local_match`), never a match on every interface.
-            DetectLocalMode::BridgeInterface => DetectLocal::BridgeInterface(
-                config.pod_bridge_interface.clone().unwrap_or_default(),
-            ),
-            DetectLocalMode::InterfaceNamePrefix => DetectLocal::InterfaceNamePrefix(
-                config.pod_interface_name_prefix.clone().unwrap_or_default(),
-            ),
-        };
-        Settings {
-            node_name,
-            cluster_cidrs: config.cluster_cidr.clone(),
-            masquerade_all: config.masquerade_all,
-            mark: config.masquerade_mark(),
-            nodeport_addresses: config.nodeport_addresses.clone(),
-            detect_local,
-            service_cidrs: config.service_cidr.clone(),
-            own_tables: false,
+/// `--nodeport-addresses`: which local addresses answer NodePorts. The addresses selected are
+/// the union of what each part selects; the default is `primary` alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePortAddresses {
+    /// `primary`: the Node object's primary InternalIP of each family (kube-proxy's nftables
+    /// default).
+    pub primary: bool,
+    /// `all`: every local address of both families.
+    pub all: bool,
+    /// The local addresses inside these CIDRs. `0.0.0.0/0` (or `::/0`) selects every address
+    /// of that family.
+    pub cidrs: Vec<IpNet>,
+}
+
+impl Default for NodePortAddresses {
+    fn default() -> NodePortAddresses {
+        NodePortAddresses::primary()
+    }
+}
+
+impl NodePortAddresses {
+    /// Only the Node's primary InternalIP of each family.
+    pub fn primary() -> NodePortAddresses {
+        NodePortAddresses {
+            primary: true,
+            all: false,
+            cidrs: Vec::new(),
         }
     }
 
+    /// Whether this is exactly the default, `primary`.
+    pub fn is_primary_only(&self) -> bool {
+        self.primary && !self.all && self.cidrs.is_empty()
+    }
+
+    /// Whether every local address of `family` answers: `all`, or a `/0` CIDR of the family.
+    pub fn all_of(&self, family: IpFamily) -> bool {
+        self.all
+            || self
+                .cidrs
+                .iter()
+                .any(|net| net.prefix_len() == 0 && IpFamily::of(&net.addr()) == family)
+    }
+
+    /// Whether local address `ip` answers NodePorts; `is_primary` says whether it is the
+    /// Node's primary InternalIP of its family.
+    pub fn selects(&self, ip: IpAddr, is_primary: bool) -> bool {
+        (self.primary && is_primary) || self.all || self.cidrs.iter().any(|net| net.contains(&ip))
+    }
+}
+
+impl Settings {
     fn cluster_cidr(&self, family: IpFamily) -> Option<IpNet> {
         first_of(&self.cluster_cidrs, family)
     }

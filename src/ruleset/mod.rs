@@ -16,8 +16,8 @@ use std::sync::Arc;
 use crate::model::{IpFamily, Protocol, ServicePortName};
 
 pub use build::{
-    AddressKind, Claim, Claims, Clash, Contested, Hints, Settings, address_warnings, build,
-    build_noting_contested, build_with, diagnostics,
+    AddressKind, Claim, Claims, Clash, Contested, DetectLocal, Hints, NodePortAddresses, Settings,
+    address_warnings, build, build_noting_contested, build_with, diagnostics,
 };
 
 /// Everything nodeproxy programs: one table per IP family.

@@ -40,7 +40,7 @@ use std::time::Instant;
 use super::{SyncOutcome, Syncer, without};
 use crate::model::{ClusterState, IpFamily, Node, Protocol, Service, ServiceName, ServicePortName};
 use crate::nft::{self, Kernel, NftError, WireElem, WireSet, WireTable};
-use crate::ruleset::{self, Contested, Hints, Settings};
+use crate::ruleset::{self, Contested, Settings};
 
 /// What an incremental attempt did.
 #[derive(Debug)]
@@ -530,7 +530,7 @@ impl<K: Kernel> Syncer<K> {
         let t = Instant::now();
         // The changed affinity Services keep their endpoints' slots, as in `sync`.
         let applied: Vec<&WireTable> = self.applied.values().flatten().collect();
-        let hints = Hints::from_tables_for(&applied, changed);
+        let hints = super::affinity_hints_for(&applied, changed);
         let (desired, contested) = ruleset::build_noting_contested(&effective, settings, &hints);
         if !contested.is_empty() {
             return Err("changed Services claim the same element key");

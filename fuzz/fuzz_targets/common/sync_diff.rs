@@ -15,7 +15,7 @@ use std::fmt::Write;
 use nodeproxy::config::Config;
 use nodeproxy::model::{ClusterState, ServiceName};
 use nodeproxy::nft::{self, FakeKernel, WireTable};
-use nodeproxy::ruleset::{self, Hints, Settings};
+use nodeproxy::ruleset::{self, Settings};
 use nodeproxy::sync::{Incremental, Syncer};
 
 const SERVICES: usize = 5;
@@ -329,7 +329,7 @@ pub fn check(data: &[u8]) {
     for (i, pair) in states.windows(2).enumerate() {
         let (a, next) = (&pair[0], &pair[1]);
         // What `next` is from `a`'s kernel: the same slots for affinity endpoints.
-        let hints = Hints::from_tables(&tables(step.kernel()));
+        let hints = nodeproxy::sync::affinity_hints(&tables(step.kernel()));
         let desired = ruleset::build_with(next, &settings, &hints);
         let mut fresh = FakeKernel::new();
         nft::sync(&mut fresh, desired).unwrap_or_else(|e| panic!("step {i}: fresh sync: {e}"));

@@ -86,8 +86,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::{Elements, chain, goto, set};
-use crate::model::{ClusterState, Protocol, ServiceName, ServicePortName};
-use crate::nft::wire::{WireData, WireTable, decode_atoms};
+use crate::model::{ClusterState, Protocol, ServicePortName};
 use crate::ruleset::names;
 use crate::ruleset::{Atom, ElemData, Element, KeyField, SetData, SetKind, Stmt, Table, Verdict};
 
@@ -106,7 +105,8 @@ pub struct ServiceKey {
 }
 
 impl ServiceKey {
-    fn from_atoms(atoms: &[Atom], local: bool) -> Option<ServiceKey> {
+    /// The key a slot map's element key holds (`local` as [`SlotMap::local`] says).
+    pub fn from_atoms(atoms: &[Atom], local: bool) -> Option<ServiceKey> {
         match atoms {
             [Atom::Addr(addr), Atom::Proto(proto), Atom::Port(port)] => Some(ServiceKey {
                 addr: Some(*addr),
@@ -125,6 +125,34 @@ impl ServiceKey {
     }
 }
 
+/// What the name of a slot endpoint map (`affinity-slot-<i>-endpoints` and the other paths'
+/// `…slot-<i>-endpoints`) says about its elements, which map a service key to the endpoint
+/// (`address . port`) in slot `slot`: what a reader of the kernel's tables needs to recover
+/// [`Hints`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotMap {
+    pub slot: usize,
+    /// The fields of the elements' keys ([`ServiceKey::from_atoms`] reads them).
+    pub key: Vec<KeyField>,
+    /// The Local-policy list of outside traffic.
+    pub local: bool,
+}
+
+impl SlotMap {
+    /// The fields of the elements' data.
+    pub const DATA: [KeyField; 2] = [KeyField::Daddr, KeyField::ThDport];
+
+    /// The slot map `name` is, or `None` for any other set or map.
+    pub fn of(name: &str) -> Option<SlotMap> {
+        let (path, slot) = Path::slot_of_map(name)?;
+        Some(SlotMap {
+            slot,
+            key: path.service_key(),
+            local: path.local(),
+        })
+    }
+}
+
 /// The slot of each ClientIP-affinity endpoint, per service key, as a previous build assigned
 /// them: [`super::build_with`] keeps these, so pinned clients stay on their endpoints.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -133,56 +161,6 @@ pub struct Hints {
 }
 
 impl Hints {
-    /// The assignments held by `tables` (our tables, read back from the kernel or as last
-    /// applied): every element of every `affinity-slot-<i>-endpoints`,
-    /// `affinity-nodeport-slot-<i>-endpoints`, `affinity-local-slot-<i>-endpoints` and
-    /// `affinity-nodeport-local-slot-<i>-endpoints` map.
-    pub fn from_tables(tables: &[&WireTable]) -> Hints {
-        Self::decode(tables, |_| true)
-    }
-
-    /// Like [`Hints::from_tables`], only for the elements built for `services` (by the
-    /// elements' origin; elements without one, as read back from the kernel, are all kept):
-    /// what a build of part of the state (`ClusterState::subset`) needs.
-    pub fn from_tables_for(tables: &[&WireTable], services: &BTreeSet<ServiceName>) -> Hints {
-        Self::decode(tables, |origin| {
-            origin.is_none_or(|o| services.contains(&o.service))
-        })
-    }
-
-    fn decode(tables: &[&WireTable], keep: impl Fn(Option<&ServicePortName>) -> bool) -> Hints {
-        let mut hints = Hints::default();
-        let data_fields = [KeyField::Daddr, KeyField::ThDport];
-        for table in tables {
-            for (name, set) in &table.sets {
-                let Some((path, slot)) = Path::slot_of_map(name) else {
-                    continue;
-                };
-                let key_fields = path.service_key();
-                for (key, elem) in &set.elements {
-                    if !keep(elem.origin.as_deref()) {
-                        continue;
-                    }
-                    let Some(WireData::Value(data)) = &elem.data else {
-                        continue;
-                    };
-                    let key = decode_atoms(table.family, &key_fields, key);
-                    let data = decode_atoms(table.family, &data_fields, data);
-                    let (Some(key), Some(data)) = (key, data) else {
-                        continue;
-                    };
-                    let (Some(key), [Atom::Addr(addr), Atom::Port(port)]) =
-                        (ServiceKey::from_atoms(&key, path.local()), data.as_slice())
-                    else {
-                        continue;
-                    };
-                    hints.insert(key, SocketAddr::new(*addr, *port), slot);
-                }
-            }
-        }
-        hints
-    }
-
     /// Records that `endpoint` of `key` is in `slot`. An endpoint found in two slots (which
     /// nodeproxy never writes) keeps the lower one, whatever the order they are found in.
     pub fn insert(&mut self, key: ServiceKey, endpoint: SocketAddr, slot: usize) {

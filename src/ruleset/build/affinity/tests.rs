@@ -5,10 +5,10 @@ use std::net::IpAddr;
 use super::*;
 use crate::config::NodePortAddresses;
 use crate::model::{
-    Conditions, EndpointSlice, IpFamily, Node, Service, ServicePort, SliceEndpoint, SlicePort,
-    TrafficPolicy,
+    Conditions, EndpointSlice, IpFamily, Node, Service, ServiceName, ServicePort, SliceEndpoint,
+    SlicePort, TrafficPolicy,
 };
-use crate::nft::lower;
+use crate::nft::{WireTable, lower};
 use crate::ruleset::build::{DetectLocal, Settings, build, build_with};
 use crate::ruleset::eval::{self, DynamicSets, Origin, Packet, Trace};
 use crate::ruleset::{Ruleset, Table};
@@ -154,7 +154,7 @@ fn lowered(rs: &Ruleset) -> Vec<WireTable> {
 /// What the kernel would hand a restarted nodeproxy.
 fn hints_of(rs: &Ruleset) -> Hints {
     let tables = lowered(rs);
-    Hints::from_tables(&tables.iter().collect::<Vec<_>>())
+    crate::sync::affinity_hints(&tables.iter().collect::<Vec<_>>())
 }
 
 fn v4(rs: &Ruleset) -> &Table {
@@ -385,7 +385,7 @@ fn hints_are_read_for_the_services_asked_for() {
         namespace: "shop".into(),
         name: "other".into(),
     };
-    let all = Hints::from_tables(&tables);
+    let all = crate::sync::affinity_hints(&tables);
     let key = |addr: &str, port| ServiceKey {
         addr: Some(ip(addr)),
         proto: Protocol::Tcp,
@@ -412,8 +412,11 @@ fn hints_are_read_for_the_services_asked_for() {
         all.slots(&node_port),
         Some(&slots(&[(A, 0), (B, 1), ("[2001:db8:b::10]:8080", 0)]))
     );
-    assert_eq!(Hints::from_tables_for(&tables, &BTreeSet::from([web])), all);
-    assert!(Hints::from_tables_for(&tables, &BTreeSet::from([other])).is_empty());
+    assert_eq!(
+        crate::sync::affinity_hints_for(&tables, &BTreeSet::from([web])),
+        all
+    );
+    assert!(crate::sync::affinity_hints_for(&tables, &BTreeSet::from([other])).is_empty());
 }
 
 #[test]
