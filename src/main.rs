@@ -189,23 +189,26 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
                 }
             }
             settings.own_tables = ownership.enabled();
-            // Built from what the kernel holds, so ClientIP-affinity endpoints keep their slots
-            // (and pinned clients their endpoints) across runs.
-            let report = nft::sync_with(&mut kernel, ruleset::names::TABLE, move |have| {
-                let started = std::time::Instant::now();
-                let hints = nodeproxy::sync::affinity_hints(have);
-                let desired = ruleset::build_with(&state, &settings, &hints);
-                tracing::debug!(
-                    "built the ruleset in {:.1} ms",
-                    started.elapsed().as_secs_f64() * 1e3
-                );
-                // The model is not needed any more; freeing it before lowering keeps the peak
-                // memory of a large sync at about one copy of the ruleset.
-                drop(state);
-                desired
-            })?;
-            tracing::info!("{report}; peak RSS {} KiB", peak_rss_kib());
+            // After a rejection the input is read again for the retry without the rejected
+            // Services: the first attempt drops it to make room for lowering the ruleset.
+            let reload = || desired_inputs(loaded).map(|(state, _)| state);
+            let outcome = nodeproxy::sync::once(kernel, state, &settings, reload)?;
+            tracing::info!("{outcome}; peak RSS {} KiB", peak_rss_kib());
             drop(lock);
+            if !outcome.quarantined.is_empty() {
+                // The rest is programmed, as the daemon would have it; the exit status says
+                // that not everything asked for is in the kernel.
+                let names: Vec<String> = outcome
+                    .quarantined
+                    .iter()
+                    .map(|(name, _)| name.to_string())
+                    .collect();
+                anyhow::bail!(
+                    "the kernel rejected {} Service(s), left out of the ruleset: {}",
+                    names.len(),
+                    names.join(", ")
+                );
+            }
             Ok(())
         }
         Mode::Run => {

@@ -92,6 +92,80 @@ pub struct Syncer<K: Kernel> {
     /// transactions, dropped when anyone else may have committed in between (see
     /// [`Syncer::kernel_unchanged`]).
     trusted_generation: Option<u32>,
+    /// Whether a full sync records the [`incremental::Baseline`] later change syncs need; a
+    /// process that syncs once ([`once`]) does not pay for it.
+    keeps_baseline: bool,
+}
+
+/// `--once`: one sync of `state` from what the kernel holds (read back, so ClientIP-affinity
+/// endpoints keep their slots and pinned clients their endpoints), through the daemon's apply
+/// path. The state is dropped as soon as the ruleset is built: lowering a large ruleset needs
+/// that memory, and a one-shot process has no later sync to keep it for. A Service whose objects
+/// the kernel rejects is quarantined as the daemon would: left out, warned about, and listed in
+/// the outcome; the state for that retry comes from `reload`.
+pub fn once<K: Kernel, E: From<NftError>>(
+    kernel: K,
+    state: ClusterState,
+    settings: &Settings,
+    mut reload: impl FnMut() -> Result<ClusterState, E>,
+) -> Result<SyncOutcome, E> {
+    let started = Instant::now();
+    let mut syncer = Syncer::new(kernel);
+    syncer.keeps_baseline = false;
+    let mut state = Some(state);
+    let mut rounds = 0;
+    loop {
+        let mut outcome = SyncOutcome::default();
+        let hints = syncer.affinity_hints(true, &mut outcome)?;
+        let loaded = match state.take() {
+            Some(state) => state,
+            None => reload()?,
+        };
+        let effective = if syncer.quarantine.is_empty() {
+            loaded
+        } else {
+            without(&loaded, |name| syncer.quarantine.contains_key(name))
+        };
+        let desired = ruleset::build_with(&effective, settings, &hints);
+        drop((effective, hints));
+        match syncer.apply(desired, true, &mut outcome) {
+            Ok(()) => {
+                outcome.quarantined = syncer.quarantined();
+                outcome.duration = started.elapsed();
+                return Ok(outcome);
+            }
+            Err(NftError::Rejected { errors }) => {
+                let mut added = false;
+                for e in &errors {
+                    let Some(origin) = &e.origin else { continue };
+                    let name = origin.service.clone();
+                    if syncer.quarantine.contains_key(&name) {
+                        continue;
+                    }
+                    tracing::warn!(
+                        "quarantining Service {name}: the kernel rejected {} {}: {}; it is \
+                         left out of the ruleset",
+                        e.op,
+                        e.object,
+                        e.errno
+                    );
+                    let quarantined = Quarantined {
+                        service: None,
+                        slices: Vec::new(),
+                        reason: e.to_string(),
+                    };
+                    syncer.quarantine.insert(name, quarantined);
+                    added = true;
+                }
+                rounds += 1;
+                if !added || rounds >= MAX_QUARANTINE_ROUNDS {
+                    return Err(NftError::Rejected { errors }.into());
+                }
+                syncer.read_back.clear();
+            }
+            Err(other) => return Err(other.into()),
+        }
+    }
 }
 
 impl<K: Kernel> Syncer<K> {
@@ -103,6 +177,7 @@ impl<K: Kernel> Syncer<K> {
             quarantine: BTreeMap::new(),
             baseline: None,
             trusted_generation: None,
+            keeps_baseline: true,
         }
     }
 
@@ -205,9 +280,11 @@ impl<K: Kernel> Syncer<K> {
                 }
             }
         };
-        self.baseline =
-            incremental::Baseline::new(&self.applied, settings, &state.nodes, contested)
-                .map(|b| b.with_claims(&state.services));
+        if self.keeps_baseline {
+            self.baseline =
+                incremental::Baseline::new(&self.applied, settings, &state.nodes, contested)
+                    .map(|b| b.with_claims(&state.services));
+        }
         outcome.quarantined = self.quarantined();
         outcome.duration = started.elapsed();
         Ok(outcome)
@@ -255,22 +332,14 @@ impl<K: Kernel> Syncer<K> {
                     .get(&family)
                     .and_then(Option::as_ref)
                     .is_some_and(|applied| !nft::diff(have.as_ref(), applied).is_empty());
-            let plan = nft::diff(have.as_ref(), &want);
             rep.diff += t.elapsed();
-            rep.tables += 1;
-            if plan.is_empty() {
-                rep.empty_plans += 1;
-            } else {
+            if let Some(st) = nft::apply_diff(&mut self.kernel, have.as_ref(), &want, rep)? {
                 if drifted {
                     outcome.drift_repaired = true;
                     outcome.drift_families.push(family);
                 }
-                rep.count_plan(&plan);
-                let st = self.kernel.apply(&plan)?;
                 self.continue_generation_chain(st.generation);
-                rep.count_apply(&st);
             }
-            drop(plan);
             self.applied.insert(family, Some(want));
         }
         Ok(())

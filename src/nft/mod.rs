@@ -16,7 +16,6 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -157,6 +156,23 @@ pub trait Kernel {
     fn generation(&mut self) -> Result<u32, NftError>;
 }
 
+/// A borrowed kernel is a kernel, so a caller can lend its handle to a one-shot sync and look at
+/// it afterwards.
+impl<K: Kernel + ?Sized> Kernel for &mut K {
+    fn read_table(&mut self, family: IpFamily, name: &str) -> Result<Option<WireTable>, NftError> {
+        (**self).read_table(family, name)
+    }
+    fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError> {
+        (**self).apply(plan)
+    }
+    fn delete_tables(&mut self, name: &str) -> Result<usize, NftError> {
+        (**self).delete_tables(name)
+    }
+    fn generation(&mut self) -> Result<u32, NftError> {
+        (**self).generation()
+    }
+}
+
 /// What `sync` did, for logs, metrics and benchmarks.
 #[derive(Debug, Clone, Default)]
 pub struct SyncReport {
@@ -229,37 +245,14 @@ impl fmt::Display for SyncReport {
 /// Brings every table of `desired` into the kernel: read back, diff, apply.
 pub fn sync(kernel: &mut impl Kernel, desired: Ruleset) -> Result<SyncReport, NftError> {
     let mut rep = SyncReport::default();
-    apply_tables(kernel, desired, BTreeMap::new(), &mut rep)?;
+    apply_tables(kernel, desired, &mut rep)?;
     Ok(rep)
 }
 
-/// Like [`sync`] for a ruleset that depends on what the kernel holds: reads our tables (named
-/// `name`, both families) back first, builds the desired ruleset from them (ClientIP-affinity
-/// slots, `sync::affinity_hints`), and diffs against that same read-back.
-pub fn sync_with(
-    kernel: &mut impl Kernel,
-    name: &str,
-    desired: impl FnOnce(&[&WireTable]) -> Ruleset,
-) -> Result<SyncReport, NftError> {
-    let mut rep = SyncReport::default();
-    let t = Instant::now();
-    let mut have = BTreeMap::new();
-    for family in IpFamily::ALL {
-        have.insert((family, name.to_owned()), kernel.read_table(family, name)?);
-    }
-    rep.read += t.elapsed();
-    let tables: Vec<&WireTable> = have.values().flatten().collect();
-    let desired = desired(&tables);
-    apply_tables(kernel, desired, have, &mut rep)?;
-    Ok(rep)
-}
-
-/// Diffs and applies each table of `desired` against `have`, by family and table name (read
-/// back when missing there).
+/// Lowers and applies each table of `desired` against what the kernel holds (read back).
 fn apply_tables(
     kernel: &mut impl Kernel,
     desired: Ruleset,
-    mut have: BTreeMap<(IpFamily, String), Option<WireTable>>,
     rep: &mut SyncReport,
 ) -> Result<(), NftError> {
     for table in desired.tables {
@@ -267,26 +260,33 @@ fn apply_tables(
         let t = Instant::now();
         let want = lower_owned(table)?;
         rep.lower += t.elapsed();
-        let current = match have.remove(&(family, name.clone())) {
-            Some(current) => current,
-            None => {
-                let t = Instant::now();
-                let current = kernel.read_table(family, &name)?;
-                rep.read += t.elapsed();
-                current
-            }
-        };
         let t = Instant::now();
-        let plan = diff(current.as_ref(), &want);
-        rep.diff += t.elapsed();
-        rep.tables += 1;
-        if plan.is_empty() {
-            rep.empty_plans += 1;
-            continue;
-        }
-        rep.count_plan(&plan);
-        let st = kernel.apply(&plan)?;
-        rep.count_apply(&st);
+        let current = kernel.read_table(family, &name)?;
+        rep.read += t.elapsed();
+        apply_diff(kernel, current.as_ref(), &want, rep)?;
     }
     Ok(())
+}
+
+/// The step every sync path ends with: diffs `want` against `have` (what the kernel holds) and
+/// sends the difference as one transaction, counting both in `rep`. `None` when there was
+/// nothing to send.
+pub fn apply_diff(
+    kernel: &mut impl Kernel,
+    have: Option<&WireTable>,
+    want: &WireTable,
+    rep: &mut SyncReport,
+) -> Result<Option<ApplyStats>, NftError> {
+    let t = Instant::now();
+    let plan = diff(have, want);
+    rep.diff += t.elapsed();
+    rep.tables += 1;
+    if plan.is_empty() {
+        rep.empty_plans += 1;
+        return Ok(None);
+    }
+    rep.count_plan(&plan);
+    let st = kernel.apply(&plan)?;
+    rep.count_apply(&st);
+    Ok(Some(st))
 }

@@ -405,19 +405,10 @@ impl<K: Kernel> Syncer<K> {
                 t
             };
             let (before, after) = (part(&delta.old), part(&delta.new));
-            let plan = nft::diff(Some(&before), &after);
             rep.diff += t.elapsed();
-            rep.tables += 1;
-            if plan.is_empty() {
-                rep.empty_plans += 1;
-                continue;
-            }
-            rep.count_plan(&plan);
-            match self.kernel.apply(&plan) {
-                Ok(st) => {
-                    self.continue_generation_chain(st.generation);
-                    rep.count_apply(&st);
-                }
+            match nft::apply_diff(&mut self.kernel, Some(&before), &after, rep) {
+                Ok(None) => {}
+                Ok(Some(st)) => self.continue_generation_chain(st.generation),
                 Err(e) => {
                     // A family applied before this one is patched in the kernel but not in
                     // memory: forget both, so that the full path reads the kernel back.

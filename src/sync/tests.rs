@@ -163,6 +163,72 @@ fn a_rejected_service_is_quarantined_and_the_others_are_applied() {
 }
 
 #[test]
+fn once_quarantines_a_rejected_service_from_a_reloaded_state_and_applies_the_others() {
+    let mut k = kernel(&["bad"]);
+    let mut reloads = 0;
+    let reload = || -> Result<ClusterState, NftError> {
+        reloads += 1;
+        Ok(state())
+    };
+    let out = super::once(&mut k, state(), &settings(), reload).unwrap();
+    assert_eq!(reloads, 1, "the retry reads the input again");
+    assert_eq!(
+        out.quarantined.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        vec![&name("ns", "bad")]
+    );
+    assert_eq!(cluster_ips(&mut k), vec!["203.0.113.10".to_string()]);
+    // Run again with nothing rejected: everything is there, and what was is kept.
+    k.poisoned.clear();
+    let out = super::once(&mut k, state(), &settings(), || -> Result<_, NftError> {
+        panic!("no retry needed")
+    })
+    .unwrap();
+    assert!(out.quarantined.is_empty());
+    assert_eq!(cluster_ips(&mut k).len(), 2);
+}
+
+#[test]
+fn once_fails_when_a_rejection_names_no_service() {
+    struct Refusing(FakeKernel);
+    impl Kernel for Refusing {
+        fn generation(&mut self) -> Result<u32, NftError> {
+            self.0.generation()
+        }
+        fn read_table(
+            &mut self,
+            family: IpFamily,
+            name: &str,
+        ) -> Result<Option<WireTable>, NftError> {
+            self.0.read_table(family, name)
+        }
+        fn apply(&mut self, _: &Plan<'_>) -> Result<ApplyStats, NftError> {
+            Err(NftError::Rejected {
+                errors: vec![RejectedOp {
+                    op: "add table",
+                    object: "table ip nodeproxy".into(),
+                    origin: None,
+                    errno: io::Error::from_raw_os_error(1),
+                    ext_ack: None,
+                    ext_ack_offset: None,
+                    phase: 1,
+                }],
+            })
+        }
+        fn delete_tables(&mut self, name: &str) -> Result<usize, NftError> {
+            self.0.delete_tables(name)
+        }
+    }
+    let err = super::once(Refusing(FakeKernel::new()), state(), &settings(), || {
+        Ok::<_, NftError>(state())
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, NftError::Rejected { errors } if errors.len() == 1),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_quarantined_service_is_retried_when_it_changes() {
     let mut syncer = Syncer::new(kernel(&["bad"]));
     syncer.sync(&state(), &settings(), false).unwrap();
