@@ -20,6 +20,8 @@
 //! 10, `NP_MIN_SYNC_PERIOD` 1s, `NP_SYNC_PERIOD` 30s).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// Percentiles and rates are float arithmetic rounded to counts and indexes.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 #[path = "../tests/fakeapi/mod.rs"]
 mod fakeapi;

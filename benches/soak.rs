@@ -116,8 +116,8 @@ impl World {
 
     /// One endpoint of a random generated Service replaced by a fresh address.
     fn churn(&mut self) {
-        let s = (self.random() % self.services as u64) as usize;
-        let addr = Ipv4Addr::from(0x0AFF_0000u32 + (self.changes as u32 & 0xFFFF));
+        let s = usize::try_from(self.random() % self.services as u64).unwrap();
+        let addr = Ipv4Addr::from(0x0AFF_0000u32 + u32::try_from(self.changes & 0xFFFF).unwrap());
         self.apply(Kind::EndpointSlice, slice(s, self.endpoints, Some(addr)));
     }
 
@@ -498,8 +498,8 @@ fn run(minutes: f64) -> Result<(), String> {
                 _ => {
                     tampered.store(true, Ordering::SeqCst);
                     client.lock().unwrap().outage_since = Some(Instant::now());
-                    let s = (world.random() % services as u64) as usize;
-                    let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + s as u32);
+                    let s = usize::try_from(world.random() % services as u64).unwrap();
+                    let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + u32::try_from(s).unwrap());
                     sh(&format!(
                         "nft delete element ip nodeproxy service-ips '{{ {ECHO_IP} . tcp . 80, {ip} . tcp . 80 }}' \
                          && nft delete element ip nodeproxy cluster-ips '{{ {ip} }}'"

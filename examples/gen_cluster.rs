@@ -12,6 +12,16 @@
 
 use std::io::Write;
 
+/// An index as an address offset: the address ranges hold 2^32 addresses at most.
+fn offset(n: usize) -> std::io::Result<u32> {
+    u32::try_from(n).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the cluster is too large for the generator's address ranges",
+        )
+    })
+}
+
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize| -> std::io::Result<usize> {
@@ -39,7 +49,7 @@ fn main() -> std::io::Result<()> {
     for s in 0..total {
         // ClusterIPs from 10.96.0.0/12 and pod IPs from 10.128.0.0/9: large enough for 50k
         // services and millions of endpoints without collisions.
-        let ip = 0x0A60_0000u32 + 1 + s as u32;
+        let ip = 0x0A60_0000u32 + 1 + offset(s)?;
         let cluster_ip = std::net::Ipv4Addr::from(ip);
         let node_port = if s % 4 == 0 {
             format!(",\"nodePort\":{}", 30000 + (s / 4) % 2768)
@@ -56,7 +66,7 @@ fn main() -> std::io::Result<()> {
         )?;
         let mut eps = Vec::with_capacity(endpoints);
         for e in 0..endpoints {
-            let mut n = 0x0A80_0000u32 + (s * endpoints + e) as u32;
+            let mut n = 0x0A80_0000u32 + offset(s * endpoints + e)?;
             if change_endpoint && s == 0 && e == 0 {
                 n = 0x0AFF_FFFE;
             }

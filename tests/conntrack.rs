@@ -303,7 +303,12 @@ fn a_large_table_is_streamed_and_deleted_in_batches() {
         for i in 0..20_000u32 {
             let mut e = udp("192.0.2.1", 0, "203.0.113.11", 53, "198.51.100.130", 5353);
             e.proto = Protocol::Tcp;
-            e.src = IpAddr::from([10, 1, (i >> 8) as u8, i as u8]);
+            e.src = IpAddr::from([
+                10,
+                1,
+                u16::try_from(i).unwrap().to_be_bytes()[0],
+                u16::try_from(i).unwrap().to_be_bytes()[1],
+            ]);
             e.sport = 1024 + (i % 50_000) as u16;
             entries.push(e);
         }
@@ -314,8 +319,13 @@ fn a_large_table_is_streamed_and_deleted_in_batches() {
                 "198.51.100.11"
             };
             let mut e = udp("192.0.2.1", 0, "203.0.113.11", 53, reply, 5353);
-            e.src = IpAddr::from([10, 2, (i >> 8) as u8, i as u8]);
-            e.sport = 2000 + i as u16;
+            e.src = IpAddr::from([
+                10,
+                2,
+                u16::try_from(i).unwrap().to_be_bytes()[0],
+                u16::try_from(i).unwrap().to_be_bytes()[1],
+            ]);
+            e.sport = 2000 + u16::try_from(i).unwrap();
             entries.push(e);
         }
         insert(&entries);

@@ -178,7 +178,7 @@ fn diffs_and_incremental_syncs_hold_for_every_sync_diff_seed_and_random_sequence
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                (x >> 24) as u8
+                x.to_be_bytes()[4]
             })
             .collect();
         sync_diff::check(&data);

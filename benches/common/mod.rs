@@ -28,7 +28,7 @@ pub fn duration_arg(text: &str) -> Duration {
 /// Service `s` of the generated cluster: ClusterIP 10.96.0.0 + 1 + s, port 80 → 8080; every
 /// fourth is a NodePort.
 pub fn service(s: usize) -> Value {
-    let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + s as u32).to_string();
+    let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + u32::try_from(s).unwrap()).to_string();
     let mut port = json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080});
     let kind = if s.is_multiple_of(4) {
         port["nodePort"] = json!(30000 + (s / 4) % 2768);
@@ -48,7 +48,7 @@ pub fn slice(s: usize, endpoints: usize, first: Option<Ipv4Addr>) -> Value {
             let slot = s * endpoints + e;
             let addr = match first {
                 Some(a) if e == 0 => a,
-                _ => Ipv4Addr::from(0x0A80_0000u32 + slot as u32),
+                _ => Ipv4Addr::from(0x0A80_0000u32 + u32::try_from(slot).unwrap()),
             };
             let node = if slot.is_multiple_of(1000) {
                 "node-a".to_owned()

@@ -546,7 +546,7 @@ impl Rng {
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        usize::try_from(self.next() % n as u64).unwrap()
     }
     fn chance(&mut self, percent: usize) -> bool {
         self.below(100) < percent
@@ -583,8 +583,10 @@ fn random_service(rng: &mut Rng, n: usize) -> Service {
         .map(|i| ServicePort {
             name: format!("p{i}"),
             protocol: random_protocol(rng),
-            port: 53 + i as u16,
-            node_port: rng.chance(40).then_some(30000 + n as u16 * 2 + i as u16),
+            port: 53 + u16::try_from(i).unwrap(),
+            node_port: rng
+                .chance(40)
+                .then_some(30000 + u16::try_from(n).unwrap() * 2 + u16::try_from(i).unwrap()),
         })
         .collect();
     let external = ["203.0.113.7", "2001:db8::7", "198.51.100.7"];
@@ -603,7 +605,7 @@ fn random_service(rng: &mut Rng, n: usize) -> Service {
         load_balancer_source_ranges: vec![],
         external_traffic_policy: random_policy(rng),
         internal_traffic_policy: random_policy(rng),
-        health_check_node_port: rng.chance(60).then_some(32000 + n as u16),
+        health_check_node_port: rng.chance(60).then_some(32000 + u16::try_from(n).unwrap()),
         session_affinity_timeout: None,
         created: None,
     }
@@ -615,7 +617,7 @@ fn random_slice(rng: &mut Rng, n: usize) -> EndpointSlice {
         .map(|i| SlicePort {
             name: format!("p{i}"),
             protocol: random_protocol(rng),
-            port: 5353 + i as u16,
+            port: 5353 + u16::try_from(i).unwrap(),
         })
         .collect();
     let endpoints = (0..rng.below(4))

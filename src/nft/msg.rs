@@ -72,9 +72,22 @@ pub fn end_msg(buf: &mut [u8], start: usize) -> Result<(), TooLong> {
     Ok(())
 }
 
+/// A length or count in a 32-bit netlink field (lengths of keys, masks and payloads, message
+/// counts, sequence offsets). Ours are small by construction; one that did not fit would be
+/// saturated, and the kernel would reject the message rather than read a wrapped value.
+pub fn len_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// An attribute's `nla_len`, saturated like [`len_u32`]: a leaf attribute over 64 KiB is
+/// malformed either way, and the kernel rejects the message.
+fn attr_len(n: usize) -> u16 {
+    u16::try_from(n).unwrap_or(u16::MAX)
+}
+
 pub fn put_attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
     // Callers never put more than a few hundred bytes in a leaf attribute; nests are checked.
-    let len = (4 + data.len()) as u16;
+    let len = attr_len(4 + data.len());
     buf.extend_from_slice(&len.to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
     buf.extend_from_slice(data);
@@ -87,7 +100,7 @@ pub fn put_u32_be(buf: &mut Vec<u8>, ty: u16, v: u32) {
 
 /// A NUL-terminated string attribute, as the kernel expects names.
 pub fn put_str(buf: &mut Vec<u8>, ty: u16, s: &str) {
-    let len = (4 + s.len() + 1) as u16;
+    let len = attr_len(4 + s.len() + 1);
     buf.extend_from_slice(&len.to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
     buf.extend_from_slice(s.as_bytes());

@@ -292,7 +292,7 @@ fn encode_op(
             if let Some(h) = &chain.hook {
                 let n = nest_begin(buf, CHAIN_HOOK | NLA_F_NESTED);
                 put_u32_be(buf, HOOK_HOOKNUM, h.hooknum);
-                put_u32_be(buf, HOOK_PRIORITY, h.priority as u32);
+                put_u32_be(buf, HOOK_PRIORITY, h.priority.cast_unsigned());
                 let _ = nest_end(buf, n);
                 put_u32_be(buf, CHAIN_POLICY, h.policy);
                 put_str(buf, CHAIN_TYPE, &h.kind);
@@ -494,7 +494,8 @@ pub fn open_socket(recv_timeout: Duration) -> Result<(Socket, u32), (&'static st
     setsockopt(&sock, sockopt::ReceiveTimeout, &tv).map_err(|e| ("set SO_RCVTIMEO", e.into()))?;
     let seq = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as u32)
+        // The low 32 bits of the clock's seconds: the seed only keeps runs' sequence numbers apart.
+        .map(|d| u32::try_from(d.as_secs() & u64::from(u32::MAX)).unwrap_or(0))
         .unwrap_or(1);
     Ok((sock, seq))
 }
@@ -539,7 +540,7 @@ impl NetlinkKernel {
 
     fn next_seq(&mut self, n: usize) -> u32 {
         let s = self.seq.wrapping_add(1);
-        self.seq = self.seq.wrapping_add(n as u32 + 2);
+        self.seq = self.seq.wrapping_add(len_u32(n).wrapping_add(2));
         s
     }
 
@@ -1159,7 +1160,8 @@ impl Kernel for NetlinkKernel {
         let ours = [&plan.phase1, &plan.phase2]
             .iter()
             .filter(|ops| !ops.is_empty())
-            .count() as u32;
+            .count();
+        let ours = len_u32(ours);
         stats.generation = (after == before.wrapping_add(ours)).then_some((before, after));
         Ok(stats)
     }
@@ -1325,14 +1327,14 @@ impl NetlinkKernel {
                 &mut buf,
                 nft_type(m.ty),
                 NLM_F_REQUEST | m.flags,
-                first.wrapping_add(1 + i as u32),
+                first.wrapping_add(1).wrapping_add(len_u32(i)),
                 m.family,
                 0,
             );
             buf.extend_from_slice(&m.attrs);
             end(&mut buf, s)?;
         }
-        let end_seq = first.wrapping_add(1 + msgs.len() as u32);
+        let end_seq = first.wrapping_add(1).wrapping_add(len_u32(msgs.len()));
         self.seq = end_seq.wrapping_add(1);
         let s = begin_msg(
             &mut buf,

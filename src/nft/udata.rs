@@ -32,7 +32,7 @@ const EXPR_NUMGEN: u32 = 23;
 fn tlv(out: &mut Vec<u8>, ty: u8, value: &[u8]) {
     // Values here are at most a few hundred bytes; callers keep them under 256.
     out.push(ty);
-    out.push(value.len().min(255) as u8);
+    out.push(u8::try_from(value.len()).unwrap_or(u8::MAX));
     out.extend_from_slice(&value[..value.len().min(255)]);
 }
 
@@ -132,7 +132,7 @@ fn typeof_of(family: IpFamily, fields: &[KeyField]) -> Vec<u8> {
     for (i, f) in fields.iter().enumerate() {
         let mut e = Vec::new();
         typeof_expr(&mut e, family, *f);
-        tlv(&mut list, i as u8, &e);
+        tlv(&mut list, u8::try_from(i).unwrap_or(u8::MAX), &e);
     }
     tlv_u32(&mut out, 0, EXPR_CONCAT);
     tlv(&mut out, 1, &list);

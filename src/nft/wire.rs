@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use super::NftError;
-use super::msg::{NLA_F_NESTED, put_attr, put_str, put_u32_be};
+use super::msg::{NLA_F_NESTED, len_u32, put_attr, put_str, put_u32_be};
 use super::udata;
 use crate::model::{IpFamily, Protocol, ServicePortName};
 use crate::ruleset::{
@@ -432,7 +432,7 @@ fn data_value(bytes: &[u8]) -> Vec<u8> {
 /// `NLA_F_NESTED` (`nft_verdict_dump` uses `nla_nest_start_noflag`), so we send it that way too.
 fn data_verdict(code: i32, chain: Option<&str>) -> Vec<u8> {
     let mut inner = Vec::new();
-    put_u32_be(&mut inner, VERDICT_CODE, code as u32);
+    put_u32_be(&mut inner, VERDICT_CODE, code.cast_unsigned());
     if let Some(c) = chain {
         put_str(&mut inner, VERDICT_CHAIN, c);
     }
@@ -470,7 +470,7 @@ pub fn encode_data(d: &WireData, out: &mut Vec<u8>) {
         WireData::Value(v) => put_attr(out, DATA_VALUE, v),
         WireData::Verdict { code, chain } => {
             let start = super::msg::nest_begin(out, DATA_VERDICT);
-            put_u32_be(out, VERDICT_CODE, *code as u32);
+            put_u32_be(out, VERDICT_CODE, code.cast_unsigned());
             if let Some(c) = chain {
                 put_str(out, VERDICT_CHAIN, c);
             }
@@ -512,6 +512,11 @@ fn field_info(family: IpFamily, f: KeyField) -> FieldInfo {
 }
 
 fn pad4(n: u32) -> u32 {
+    (n + 3) & !3
+}
+
+/// [`pad4`] of a byte length.
+fn pad4_len(n: usize) -> usize {
     (n + 3) & !3
 }
 
@@ -576,7 +581,7 @@ fn bitwise(mask: &[u8], xor: &[u8]) -> WireExpr {
         vec![
             (BITWISE_SREG, be(1)),
             (BITWISE_DREG, be(1)),
-            (BITWISE_LEN, be(mask.len() as u32)),
+            (BITWISE_LEN, be(len_u32(mask.len()))),
             (BITWISE_OP, be(0)),
             (BITWISE_MASK, data_value(mask)),
             (BITWISE_XOR, data_value(xor)),
@@ -701,7 +706,7 @@ fn prefix_match(
     if plen.is_multiple_of(8) && plen > 0 {
         let n = plen / 8;
         vec![
-            payload(1, NFT_PAYLOAD_NETWORK_HEADER, off, n as u32),
+            payload(1, NFT_PAYLOAD_NETWORK_HEADER, off, len_u32(n)),
             cmp(op, &addr[..n]),
         ]
     } else {
@@ -711,7 +716,7 @@ fn prefix_match(
         };
         let zero = vec![0u8; addr.len()];
         vec![
-            payload(1, NFT_PAYLOAD_NETWORK_HEADER, off, addr.len() as u32),
+            payload(1, NFT_PAYLOAD_NETWORK_HEADER, off, len_u32(addr.len())),
             bitwise(&mask, &zero),
             cmp(op, &addr),
         ]
@@ -839,7 +844,7 @@ fn lower_stmt(
             let addr_words = pad4(field_info(family, KeyField::Daddr).len) / 4;
             let mut attrs = vec![
                 (NAT_TYPE, be(NFT_NAT_DNAT)),
-                (NAT_FAMILY, be(nfproto(family) as u32)),
+                (NAT_FAMILY, be(u32::from(nfproto(family)))),
                 (NAT_REG_ADDR_MIN, be(1)),
                 (NAT_REG_ADDR_MAX, be(1)),
             ];
@@ -1007,7 +1012,7 @@ fn encode_atoms_at(
         }
         if concat {
             let l = out.len() - start;
-            out.resize(start + pad4(l as u32) as usize, 0);
+            out.resize(start + pad4_len(l), 0);
         }
     }
     Ok(out.into_boxed_slice())
@@ -1036,11 +1041,7 @@ pub fn decode_atoms(family: IpFamily, fields: &[KeyField], bytes: &[u8]) -> Opti
             KeyField::ThDport => Atom::Port(u16::from_be_bytes(b.try_into().ok()?)),
             KeyField::Numgen { .. } => Atom::Int(u32::from_ne_bytes(b.try_into().ok()?)),
         });
-        pos += if concat {
-            pad4(len as u32) as usize
-        } else {
-            len
-        };
+        pos += if concat { pad4_len(len) } else { len };
     }
     (pos == bytes.len()).then_some(out)
 }

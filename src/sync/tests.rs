@@ -443,7 +443,7 @@ impl Rng {
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        usize::try_from(self.next() % n as u64).unwrap()
     }
 
     /// True with probability `num / den`.
@@ -489,7 +489,7 @@ fn node_a() -> Node {
 /// A random Service in slot `i`: mostly its own addresses and ports, sometimes ones shared with
 /// other slots (contested keys), with every feature the builder has.
 fn random_service(rng: &mut Rng, i: usize) -> Service {
-    let n = i as u16;
+    let n = u16::try_from(i).unwrap();
     let mut cluster_ips: Vec<std::net::IpAddr> = Vec::new();
     let v4 = !rng.chance(1, 8);
     if v4 {
@@ -513,7 +513,7 @@ fn random_service(rng: &mut Rng, i: usize) -> Service {
             if rng.chance(1, 25) {
                 30999
             } else {
-                30000 + n * 4 + j as u16
+                30000 + n * 4 + u16::try_from(j).unwrap()
             }
         });
         ports.push(ServicePort {
@@ -742,7 +742,7 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                         for p in &mut tweaked.ports {
                             p.node_port = match p.node_port {
                                 Some(_) => None,
-                                None => Some(30000 + i as u16 * 4 + 3),
+                                None => Some(30000 + u16::try_from(i).unwrap() * 4 + 3),
                             };
                         }
                     }

@@ -18,7 +18,7 @@ use nodeproxy::nft::{self, FakeKernel, WireTable};
 use nodeproxy::ruleset::{self, Settings};
 use nodeproxy::sync::{Incremental, Syncer};
 
-const SERVICES: usize = 5;
+const SERVICES: u8 = 5;
 
 struct Bytes<'a> {
     data: &'a [u8],
@@ -100,7 +100,7 @@ fn svc(b: &mut Bytes<'_>) -> Svc {
 
 /// One field of one Service changed, or the Service added or removed.
 fn mutate(b: &mut Bytes<'_>, state: &mut [Option<Svc>]) {
-    let i = usize::from(b.below(SERVICES as u8));
+    let i = usize::from(b.below(SERVICES));
     let Some(s) = &mut state[i] else {
         state[i] = Some(svc(b));
         return;
@@ -224,7 +224,7 @@ fn settings(variant: u8) -> Settings {
 
 /// The cluster states the bytes describe (two to five), as the file reader reads them.
 fn states(b: &mut Bytes<'_>) -> Vec<ClusterState> {
-    let mut state: Vec<Option<Svc>> = (0..SERVICES)
+    let mut state: Vec<Option<Svc>> = (0..usize::from(SERVICES))
         .map(|_| if b.flag() { Some(svc(b)) } else { None })
         .collect();
     let mut out = vec![state.clone()];
