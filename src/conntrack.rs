@@ -30,7 +30,7 @@ use netlink_packet_netfilter::{
 use netlink_sys::Socket;
 
 use crate::model::IpFamily;
-use crate::nft::msg::{Attrs, NLA_TYPE_MASK, NLMSG_DONE, NLMSG_ERROR, messages};
+use crate::netlink::{Attrs, NLA_TYPE_MASK, NLMSG_DONE, NLMSG_ERROR, messages};
 
 /// `NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_NEW`: the type of every dumped entry.
 const CT_NEW_MSG: u16 = 1 << 8;
@@ -286,7 +286,7 @@ fn doomed_of(attrs: Vec<ConntrackAttribute>) -> Option<Doomed> {
 impl Ctnetlink {
     fn open() -> Result<Ctnetlink, ConntrackError> {
         let (sock, seq) =
-            crate::nft::netlink::open_socket(RECV_TIMEOUT).map_err(|(context, source)| {
+            crate::netlink::open_socket(RECV_TIMEOUT).map_err(|(context, source)| {
                 ConntrackError::Io {
                     context: context.into(),
                     source,

@@ -2,7 +2,8 @@
 //!
 //! Data flows one way: `source` (files or the API) → `model` (validated cluster state) →
 //! `ruleset` (pure desired state, rendered as nft text or lowered for the kernel) → `nft` (the
-//! only module that talks netlink).
+//! only module that speaks nf_tables) → `sync` (the single writer) → `daemon`. `netlink` is the
+//! transport `nft` and `conntrack` (ctnetlink) share. `docs/architecture.md` maps the rest.
 
 pub mod cli;
 pub mod config;
@@ -11,10 +12,10 @@ pub mod daemon;
 pub mod explain;
 pub mod health;
 pub mod http;
-pub mod leftovers;
 pub mod lock;
 pub mod metrics;
 pub mod model;
+pub mod netlink;
 pub mod nft;
 pub mod notify;
 pub mod ruleset;

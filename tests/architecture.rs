@@ -13,14 +13,15 @@ use std::path::{Path, PathBuf};
 /// before its own and no others (not even one of its own layer). `main.rs` dispatches and may use
 /// anything.
 const LAYERS: &[&[&str]] = &[
-    // Leaves: the validated cluster state, and services that know nothing of it.
-    &["model", "http", "lock", "notify"],
+    // Leaves: the validated cluster state, and services that know nothing of it (the netlink
+    // transport shared by nf_tables and ctnetlink among them).
+    &["model", "netlink", "http", "lock", "notify"],
     // What reads the cluster, the pure desired state, and the metrics registry and server.
     &["source", "ruleset", "metrics"],
-    // The kernel's side (nf_tables), the packet walk's report, health.
-    &["nft", "explain", "health"],
-    // The writer, and the other netlink users.
-    &["sync", "conntrack", "leftovers"],
+    // The kernel's side (nf_tables, ctnetlink), the packet walk's report, health.
+    &["nft", "conntrack", "explain", "health"],
+    // The writer.
+    &["sync"],
     // The command line, then the configuration built from it (and files, environment).
     &["cli"],
     &["config"],

@@ -24,7 +24,7 @@ use fakeapi::{FakeApi, Kind, node, service, slice};
 use nodeproxy::model::IpFamily;
 use nodeproxy::nft::NetlinkKernel;
 use nodeproxy::nft::owner::TableInfo;
-use nodeproxy::nft::wire::{TABLE_F_OWNED, TABLE_F_PERSIST};
+use nodeproxy::nft::uapi::{TABLE_F_OWNED, TABLE_F_PERSIST};
 
 const NODE: &str = "node-a";
 const SYNC_PERIOD: Duration = Duration::from_secs(2);

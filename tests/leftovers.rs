@@ -6,8 +6,8 @@
 mod common;
 
 use common::netns::{in_netns, nft, nft_load};
-use nodeproxy::leftovers::{Leftover, detect, remove};
 use nodeproxy::model::IpFamily;
+use nodeproxy::nft::leftovers::{Leftover, detect, remove};
 
 /// iptables-nft style tables: base chains named as iptables names them, KUBE-* chains jumping
 /// to each other, plus things that must survive.

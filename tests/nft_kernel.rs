@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use common::netns::{in_netns, nft, nft_load};
 use common::sample;
 use nodeproxy::model::IpFamily;
-use nodeproxy::nft::wire::{TABLE_F_OWNED, TABLE_F_PERSIST};
+use nodeproxy::nft::uapi::{TABLE_F_OWNED, TABLE_F_PERSIST};
 use nodeproxy::nft::{
     self, FakeKernel, Kernel, NetlinkKernel, NftError, WireData, WireElem, diff, lower,
 };

@@ -122,7 +122,7 @@ impl Plan<'_> {
     /// Orphaned tables this plan claims (0 or 1).
     pub fn tables_claimed(&self) -> usize {
         self.ops()
-            .filter(|o| matches!(o, Op::UpdateTable { flags } if flags & super::wire::TABLE_F_OWNER != 0))
+            .filter(|o| matches!(o, Op::UpdateTable { flags } if flags & super::uapi::TABLE_F_OWNER != 0))
             .count()
     }
 
@@ -145,7 +145,7 @@ fn chain_refs_of_table(t: &WireTable) -> BTreeSet<String> {
         }
     }
     for s in t.sets.values() {
-        if s.data_type == Some(super::wire::DATA_TYPE_VERDICT) {
+        if s.data_type == Some(super::uapi::DATA_TYPE_VERDICT) {
             for e in s.elements.values() {
                 if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
                     && !refs.contains(c)
@@ -401,8 +401,8 @@ pub fn diff<'a>(current: Option<&'a WireTable>, desired: &'a WireTable) -> Plan<
 /// ours (see `Kernel::read_table`), so "someone else owns it" reads as an orphan, and the claim
 /// then fails with EPERM, naming the owner.
 pub fn table_flags_update(cur: u32, want: u32) -> Option<u32> {
-    const OWNER: u32 = super::wire::TABLE_F_OWNER;
-    const PERSIST: u32 = super::wire::TABLE_F_PERSIST;
+    const OWNER: u32 = super::uapi::TABLE_F_OWNER;
+    const PERSIST: u32 = super::uapi::TABLE_F_PERSIST;
     if cur == want {
         return None;
     }

@@ -32,7 +32,7 @@ const EOPNOTSUPP: i32 = 95;
 /// independent of `diff::table_flags_update`, so that tests catch a diff sending an update the
 /// kernel would refuse.
 fn kernel_accepts_table_update(cur: u32, want: u32) -> bool {
-    use super::wire::{TABLE_F_OWNER, TABLE_F_PERSIST};
+    use super::uapi::{TABLE_F_OWNER, TABLE_F_PERSIST};
     let has_owner = |f: u32| f & TABLE_F_OWNER != 0;
     let is_orphan = |f: u32| f & (TABLE_F_OWNER | TABLE_F_PERSIST) == TABLE_F_PERSIST;
     if want == cur {
@@ -60,7 +60,7 @@ impl FakeKernel {
     /// What the kernel does to our tables when the owning process exits (its netlink socket
     /// closes): owned persistent tables become orphans, owned ones without persist are deleted.
     pub fn owner_exits(&mut self) {
-        use super::wire::{TABLE_F_OWNER, TABLE_F_PERSIST};
+        use super::uapi::{TABLE_F_OWNER, TABLE_F_PERSIST};
         self.tables
             .retain(|_, t| t.flags & TABLE_F_OWNER == 0 || t.flags & TABLE_F_PERSIST != 0);
         for t in self.tables.values_mut() {

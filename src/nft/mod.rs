@@ -6,10 +6,11 @@
 
 pub mod diff;
 pub mod fake;
-pub mod msg;
+pub mod leftovers;
 pub mod netlink;
 pub mod owner;
 pub mod probe;
+pub mod uapi;
 pub mod udata;
 pub mod wire;
 

@@ -6,79 +6,19 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+use netlink_sys::Socket;
 use nix::sys::socket::{setsockopt, sockopt};
 
 use super::diff::{Op, Plan};
-use super::msg::*;
 use super::owner::{Holder, TableInfo, describe_owner};
+use super::uapi::*;
 use super::wire::{
     self, WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable,
     expr_attr_type, nfproto,
 };
 use super::{ApplyStats, Kernel, NftError, RejectedOp};
 use crate::model::{IpFamily, ServicePortName};
-
-// nf_tables message types.
-const NEWTABLE: u16 = 0;
-const GETTABLE: u16 = 1;
-const DELTABLE: u16 = 2;
-const NEWCHAIN: u16 = 3;
-const GETCHAIN: u16 = 4;
-const DELCHAIN: u16 = 5;
-const NEWRULE: u16 = 6;
-const GETRULE: u16 = 7;
-const DELRULE: u16 = 8;
-const NEWSET: u16 = 9;
-const GETSET: u16 = 10;
-const DELSET: u16 = 11;
-const NEWSETELEM: u16 = 12;
-const GETSETELEM: u16 = 13;
-const DELSETELEM: u16 = 14;
-const NEWGEN: u16 = 15;
-const GETGEN: u16 = 16;
-const GEN_ID: u16 = 1;
-
-// Attributes.
-const TABLE_NAME: u16 = 1;
-const TABLE_FLAGS: u16 = 2;
-const TABLE_USERDATA: u16 = 6;
-const TABLE_OWNER: u16 = 7;
-const CHAIN_TABLE: u16 = 1;
-const CHAIN_NAME: u16 = 3;
-const CHAIN_HOOK: u16 = 4;
-const CHAIN_POLICY: u16 = 5;
-const CHAIN_TYPE: u16 = 7;
-const CHAIN_USERDATA: u16 = 12;
-const HOOK_HOOKNUM: u16 = 1;
-const HOOK_PRIORITY: u16 = 2;
-const RULE_TABLE: u16 = 1;
-const RULE_CHAIN: u16 = 2;
-const RULE_EXPRESSIONS: u16 = 4;
-const LIST_ELEM: u16 = 1;
-const EXPR_NAME: u16 = 1;
-const EXPR_DATA: u16 = 2;
-const SET_TABLE: u16 = 1;
-const SET_NAME: u16 = 2;
-const SET_FLAGS: u16 = 3;
-const SET_KEY_TYPE: u16 = 4;
-const SET_KEY_LEN: u16 = 5;
-const SET_DATA_TYPE: u16 = 6;
-const SET_DATA_LEN: u16 = 7;
-const SET_USERDATA: u16 = 13;
-const SET_DESC: u16 = 9;
-const SET_DESC_CONCAT: u16 = 2;
-const SET_FIELD_LEN: u16 = 1;
-const SET_ID: u16 = 10;
-const ELEM_LIST_TABLE: u16 = 1;
-const ELEM_LIST_SET: u16 = 2;
-const ELEM_LIST_ELEMENTS: u16 = 3;
-const ELEM_KEY: u16 = 1;
-const ELEM_DATA: u16 = 2;
-const ELEM_USERDATA: u16 = 6;
-const ELEM_KEY_END: u16 = 10;
-
-const DATA_VALUE: u16 = 1;
+use crate::netlink::*;
 
 /// Element lists are split so that each message's element nest stays well below the 16-bit
 /// attribute length limit.
@@ -443,12 +383,12 @@ fn format_data(def: &WireSet, d: &WireData) -> String {
         WireData::Value(v) => wire::format_concat(def.data_type.unwrap_or(0), v),
         WireData::Verdict { code, chain } => {
             let word = match *code {
-                wire::NF_ACCEPT => "accept",
-                wire::NF_DROP => "drop",
-                wire::NFT_JUMP => "jump",
-                wire::NFT_GOTO => "goto",
-                wire::NFT_RETURN => "return",
-                wire::NFT_CONTINUE => "continue",
+                NF_ACCEPT => "accept",
+                NF_DROP => "drop",
+                NFT_JUMP => "jump",
+                NFT_GOTO => "goto",
+                NFT_RETURN => "return",
+                NFT_CONTINUE => "continue",
                 _ => "verdict",
             };
             match chain {
@@ -477,27 +417,6 @@ fn elem_at_offset(batch: &[u8], msg_start: usize, offset: u32) -> Option<usize> 
         }
     }
     None
-}
-
-/// Opens a bound `NETLINK_NETFILTER` socket with a receive timeout (a reply that never comes
-/// must not hang the caller) and `NETLINK_CAP_ACK` (errors echo only the failing message's
-/// header, not the whole message), plus an initial sequence number. Shared by the nftables
-/// writer and the conntrack reconciler.
-pub fn open_socket(recv_timeout: Duration) -> Result<(Socket, u32), (&'static str, io::Error)> {
-    let mut sock =
-        Socket::new(NETLINK_NETFILTER).map_err(|e| ("open netfilter netlink socket", e))?;
-    sock.bind_auto().map_err(|e| ("bind netlink socket", e))?;
-    sock.set_cap_ack(true)
-        .map_err(|e| ("set NETLINK_CAP_ACK", e))?;
-    let secs = i64::try_from(recv_timeout.as_secs()).unwrap_or(i64::MAX);
-    let tv = nix::sys::time::TimeVal::new(secs, 0);
-    setsockopt(&sock, sockopt::ReceiveTimeout, &tv).map_err(|e| ("set SO_RCVTIMEO", e.into()))?;
-    let seq = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        // The low 32 bits of the clock's seconds: the seed only keeps runs' sequence numbers apart.
-        .map(|d| u32::try_from(d.as_secs() & u64::from(u32::MAX)).unwrap_or(0))
-        .unwrap_or(1);
-    Ok((sock, seq))
 }
 
 /// The netlink backend.
@@ -829,7 +748,7 @@ impl NetlinkKernel {
         let mut w = WireTable::new(family, name);
         w.flags = header.info.flags;
         if header.info.holder(self.port) != Holder::Us {
-            w.flags &= !wire::TABLE_F_OWNER;
+            w.flags &= !TABLE_F_OWNER;
         }
         w.userdata = header.userdata;
 

@@ -13,7 +13,7 @@
 use std::fmt;
 
 use super::diff::{Op, Plan};
-use super::wire::{self, TABLE_F_OWNED, TABLE_F_PERSIST};
+use super::uapi::{TABLE_F_OWNED, TABLE_F_OWNER, TABLE_F_PERSIST};
 use super::{Kernel, NetlinkKernel, NftError};
 use crate::model::IpFamily;
 
@@ -100,14 +100,14 @@ pub enum Holder {
 impl TableInfo {
     pub fn holder(&self, our_port: u32) -> Holder {
         match self.owner {
-            Some(p) if self.flags & wire::TABLE_F_OWNER != 0 => {
+            Some(p) if self.flags & TABLE_F_OWNER != 0 => {
                 if p == our_port {
                     Holder::Us
                 } else {
                     Holder::Other(p)
                 }
             }
-            _ if self.flags & wire::TABLE_F_PERSIST != 0 => Holder::Orphan,
+            _ if self.flags & TABLE_F_PERSIST != 0 => Holder::Orphan,
             _ => Holder::Unowned,
         }
     }

@@ -12,17 +12,17 @@
 use std::fmt;
 
 use super::diff::{Op, Plan};
-use super::msg::put_attr;
 use super::owner::Ownership;
 use super::wire::{WireExpr, WireSet, WireTable, lower};
 use super::{Kernel, NetlinkKernel, NftError};
 use crate::model::{IpFamily, Protocol};
+use crate::netlink::put_attr;
 use crate::ruleset::{
     AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set,
     SetData, Stmt, Table, Verdict,
 };
 
-pub use super::wire::{TABLE_F_OWNER, TABLE_F_PERSIST};
+pub use super::uapi::{TABLE_F_OWNER, TABLE_F_PERSIST};
 
 /// A feature the kernel refused.
 #[derive(Debug, Clone, PartialEq, Eq)]

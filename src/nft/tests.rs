@@ -244,7 +244,7 @@ fn keys_format_like_nft() {
 // ---- table ownership ----
 
 use super::diff::table_flags_update;
-use super::wire::{TABLE_F_OWNED, TABLE_F_OWNER, TABLE_F_PERSIST};
+use super::uapi::{TABLE_F_OWNED, TABLE_F_OWNER, TABLE_F_PERSIST};
 
 fn owned(elems: Vec<Element>) -> Table {
     let mut t = table(elems, false);

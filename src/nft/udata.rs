@@ -70,7 +70,7 @@ pub fn parse_comment(udata: &[u8]) -> Option<String> {
         let (ty, len) = (udata[pos], udata[pos + 1] as usize);
         let v = udata.get(pos + 2..pos + 2 + len)?;
         if ty == 0 {
-            return Some(super::msg::cstr(v));
+            return Some(crate::netlink::cstr(v));
         }
         pos += 2 + len;
     }

@@ -11,41 +11,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use super::NftError;
-use super::msg::{NLA_F_NESTED, len_u32, put_attr, put_str, put_u32_be};
+use super::uapi::*;
 use super::udata;
 use crate::model::{IpFamily, Protocol, ServicePortName};
+use crate::netlink::{NLA_F_NESTED, len_u32, put_attr, put_str, put_u32_be};
 use crate::ruleset::{
     AddrField, Atom, BaseChain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set, SetData,
     SetKind, Stmt, Table, Verdict,
 };
-
-/// `NFT_TABLE_F_OWNER` (kernel 5.12): the table belongs to the netlink socket that created (or
-/// claimed) it; other sockets get EPERM on every change to it.
-pub const TABLE_F_OWNER: u32 = 0x2;
-/// `NFT_TABLE_F_PERSIST` (kernel 6.9): an owned table survives its owner, orphaned (the owner
-/// flag is dropped), and another socket can claim it by updating it with the owner flag.
-pub const TABLE_F_PERSIST: u32 = 0x4;
-/// The flags of a table owned by the process programming it ([`Table::owned`]).
-pub const TABLE_F_OWNED: u32 = TABLE_F_OWNER | TABLE_F_PERSIST;
-
-/// `NFT_SET_MAP`.
-pub const SET_F_MAP: u32 = 0x8;
-/// `NFT_SET_INTERVAL`, `NFT_SET_TIMEOUT`, `NFT_SET_EVAL` (dynamic), `NFT_SET_CONCAT`.
-pub const SET_F_INTERVAL: u32 = 0x4;
-pub const SET_F_TIMEOUT: u32 = 0x10;
-pub const SET_F_EVAL: u32 = 0x20;
-pub const SET_F_CONCAT: u32 = 0x80;
-/// `NFT_DATA_VERDICT`: the data type of verdict maps.
-pub const DATA_TYPE_VERDICT: u32 = 0xffff_ff00;
-/// The kernel reports `sizeof(struct nft_verdict)` as a verdict map's data length.
-pub const VERDICT_DATA_LEN: u32 = 16;
-
-pub const NF_DROP: i32 = 0;
-pub const NF_ACCEPT: i32 = 1;
-pub const NFT_CONTINUE: i32 = -1;
-pub const NFT_RETURN: i32 = -5;
-pub const NFT_JUMP: i32 = -3;
-pub const NFT_GOTO: i32 = -4;
 
 /// Our table as the kernel holds it. Creation order is kept for building, not compared.
 #[derive(Debug, Clone)]
@@ -196,7 +169,7 @@ impl WireExpr {
     /// The set this expression looks up, if it is a lookup.
     pub fn set_ref(&self) -> Option<String> {
         if self.name == "lookup" {
-            self.attr(LOOKUP_SET).map(super::msg::cstr)
+            self.attr(LOOKUP_SET).map(crate::netlink::cstr)
         } else {
             None
         }
@@ -205,7 +178,7 @@ impl WireExpr {
     /// The set this expression adds to from the packet path (`update @set`), if it is a dynset.
     pub fn updated_set(&self) -> Option<String> {
         if self.name == "dynset" {
-            self.attr(DYNSET_SET_NAME).map(super::msg::cstr)
+            self.attr(DYNSET_SET_NAME).map(crate::netlink::cstr)
         } else {
             None
         }
@@ -371,11 +344,6 @@ const NFT_BYTEORDER_HTON: u32 = 1;
 /// `NFT_LOOKUP_F_INV`: the lookup matches when the key is absent.
 const NFT_LOOKUP_F_INV: u32 = 1;
 
-const DATA_VALUE: u16 = 1;
-const DATA_VERDICT: u16 = 2;
-const VERDICT_CODE: u16 = 1;
-const VERDICT_CHAIN: u16 = 2;
-
 const NFT_META_MARK: u32 = 3;
 const NFT_META_L4PROTO: u32 = 16;
 const NFT_META_IIFNAME: u32 = 6;
@@ -443,16 +411,16 @@ fn data_verdict(code: i32, chain: Option<&str>) -> Vec<u8> {
 
 /// Parses an NFTA_DATA nest payload.
 pub fn parse_data(b: &[u8]) -> Option<WireData> {
-    for (ty, p, _) in super::msg::Attrs::new(b) {
-        match ty & super::msg::NLA_TYPE_MASK {
+    for (ty, p, _) in crate::netlink::Attrs::new(b) {
+        match ty & crate::netlink::NLA_TYPE_MASK {
             DATA_VALUE => return Some(WireData::Value(p.into())),
             DATA_VERDICT => {
                 let mut code = None;
                 let mut chain = None;
-                for (t, q, _) in super::msg::Attrs::new(p) {
-                    match t & super::msg::NLA_TYPE_MASK {
-                        VERDICT_CODE => code = super::msg::be_u32(q).map(|c| c as i32),
-                        VERDICT_CHAIN => chain = Some(Arc::from(super::msg::cstr(q).as_str())),
+                for (t, q, _) in crate::netlink::Attrs::new(p) {
+                    match t & crate::netlink::NLA_TYPE_MASK {
+                        VERDICT_CODE => code = crate::netlink::be_u32(q).map(|c| c as i32),
+                        VERDICT_CHAIN => chain = Some(Arc::from(crate::netlink::cstr(q).as_str())),
                         _ => {}
                     }
                 }
@@ -469,13 +437,13 @@ pub fn encode_data(d: &WireData, out: &mut Vec<u8>) {
     match d {
         WireData::Value(v) => put_attr(out, DATA_VALUE, v),
         WireData::Verdict { code, chain } => {
-            let start = super::msg::nest_begin(out, DATA_VERDICT);
+            let start = crate::netlink::nest_begin(out, DATA_VERDICT);
             put_u32_be(out, VERDICT_CODE, code.cast_unsigned());
             if let Some(c) = chain {
                 put_str(out, VERDICT_CHAIN, c);
             }
             // A verdict nest is a few dozen bytes.
-            let _ = super::msg::nest_end(out, start);
+            let _ = crate::netlink::nest_end(out, start);
         }
     }
 }

@@ -1,8 +1,15 @@
-//! Netlink message and attribute primitives: writing straight into one batch buffer (no
-//! per-message allocation) and walking attributes of received messages.
+//! The netlink transport shared by nf_tables and ctnetlink: the netfilter socket, message and
+//! attribute primitives that write straight into one batch buffer (no per-message allocation),
+//! and walking the attributes of received messages.
 //!
 //! Everything here is host-endian netlink framing; nftables payload attributes are big-endian
 //! and are encoded by the callers.
+
+use std::io;
+use std::time::Duration;
+
+use netlink_sys::{Socket, protocols::NETLINK_NETFILTER};
+use nix::sys::socket::{setsockopt, sockopt};
 
 pub const NLMSG_HDRLEN: usize = 16;
 pub const NFGEN_HDRLEN: usize = 4;
@@ -208,4 +215,25 @@ pub fn messages(data: &[u8]) -> impl Iterator<Item = Msg<'_>> {
             payload: &rest[NLMSG_HDRLEN..len],
         })
     })
+}
+
+/// Opens a bound `NETLINK_NETFILTER` socket with a receive timeout (a reply that never comes
+/// must not hang the caller) and `NETLINK_CAP_ACK` (errors echo only the failing message's
+/// header, not the whole message), plus an initial sequence number. Shared by the nftables
+/// writer and the conntrack reconciler.
+pub fn open_socket(recv_timeout: Duration) -> Result<(Socket, u32), (&'static str, io::Error)> {
+    let mut sock =
+        Socket::new(NETLINK_NETFILTER).map_err(|e| ("open netfilter netlink socket", e))?;
+    sock.bind_auto().map_err(|e| ("bind netlink socket", e))?;
+    sock.set_cap_ack(true)
+        .map_err(|e| ("set NETLINK_CAP_ACK", e))?;
+    let secs = i64::try_from(recv_timeout.as_secs()).unwrap_or(i64::MAX);
+    let tv = nix::sys::time::TimeVal::new(secs, 0);
+    setsockopt(&sock, sockopt::ReceiveTimeout, &tv).map_err(|e| ("set SO_RCVTIMEO", e.into()))?;
+    let seq = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        // The low 32 bits of the clock's seconds: the seed only keeps runs' sequence numbers apart.
+        .map(|d| u32::try_from(d.as_secs() & u64::from(u32::MAX)).unwrap_or(0))
+        .unwrap_or(1);
+    Ok((sock, seq))
 }

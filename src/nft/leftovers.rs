@@ -11,11 +11,15 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use super::netlink::RawMsg;
+use super::uapi::{
+    CHAIN_NAME, CHAIN_TABLE, DELCHAIN, DELRULE, DELTABLE, EXPR_DATA, EXPR_NAME, GETCHAIN, GETRULE,
+    GETTABLE, RULE_CHAIN, RULE_EXPRESSIONS, RULE_HANDLE, RULE_TABLE, TABLE_NAME,
+};
+use super::wire::{self, WireData, family_keyword, nfproto};
+use super::{NetlinkKernel, NftError};
 use crate::model::IpFamily;
-use crate::nft::msg::{Attrs, NLA_TYPE_MASK, cstr, put_attr, put_str};
-use crate::nft::netlink::RawMsg;
-use crate::nft::wire::{self, WireData, family_keyword, nfproto};
-use crate::nft::{NetlinkKernel, NftError};
+use crate::netlink::{Attrs, NLA_TYPE_MASK, cstr, put_attr, put_str};
 
 /// The table kube-proxy's nftables mode owns in each family.
 pub const KUBE_PROXY_TABLE: &str = "kube-proxy";
@@ -24,22 +28,6 @@ pub const IPTABLES_TABLES: [&str; 3] = ["nat", "filter", "mangle"];
 /// Chains with the `KUBE-` prefix that kubelet, not kube-proxy, owns: kubelet uses them as
 /// canaries to notice a flushed ruleset and recreates them, so removing them only causes churn.
 pub const KUBELET_CHAINS: [&str; 2] = ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"];
-
-const GETTABLE: u16 = 1;
-const DELTABLE: u16 = 2;
-const GETCHAIN: u16 = 4;
-const DELCHAIN: u16 = 5;
-const GETRULE: u16 = 7;
-const DELRULE: u16 = 8;
-const TABLE_NAME: u16 = 1;
-const CHAIN_TABLE: u16 = 1;
-const CHAIN_NAME: u16 = 3;
-const RULE_TABLE: u16 = 1;
-const RULE_CHAIN: u16 = 2;
-const RULE_HANDLE: u16 = 3;
-const RULE_EXPRESSIONS: u16 = 4;
-const EXPR_NAME: u16 = 1;
-const EXPR_DATA: u16 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leftover {
