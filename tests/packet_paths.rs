@@ -386,6 +386,33 @@ fn nodeport_paths() {
     );
 }
 
+/// `trafficDistribution` works through the hints the EndpointSlice controller writes, as in
+/// kube-proxy: the field itself is not read. On node-b (zone-b): `PreferClose` and
+/// `PreferSameZone` keep to the zone's endpoints, `PreferSameNode` to the node's.
+#[test]
+fn traffic_distribution_is_followed_through_the_slices_hints() {
+    let b = fixture("policies");
+    let from_pod = |dst: &str, targets: &[&str]| {
+        check(
+            &b,
+            "198.51.100.20",
+            dst,
+            Tcp,
+            Pod,
+            Expect::Dnat {
+                targets,
+                masq: Masq::None,
+            },
+        );
+    };
+    from_pod("203.0.113.46:80", &["198.51.100.130:8080"]);
+    from_pod("203.0.113.47:80", &["198.51.100.130:8080"]);
+    from_pod(
+        "203.0.113.48:80",
+        &["198.51.100.130:8080", "198.51.100.131:8080"],
+    );
+}
+
 #[test]
 fn masquerade_all_masquerades_pod_traffic_too() {
     let b = fixture("ignored");
