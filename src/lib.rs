@@ -18,6 +18,7 @@ pub mod model;
 pub mod netlink;
 pub mod nft;
 pub mod notify;
+pub mod oneshot;
 pub mod ruleset;
 pub mod source;
 pub mod sync;

@@ -25,8 +25,9 @@ const LAYERS: &[&[&str]] = &[
     // The command line, then the configuration built from it (and files, environment).
     &["cli"],
     &["config"],
-    // The process.
+    // The process: the daemon, and the one-shot modes (which read the API through it).
     &["daemon"],
+    &["oneshot"],
 ];
 
 fn src() -> PathBuf {
