@@ -47,7 +47,7 @@ use crate::model::{ClusterState, IpFamily, ServiceName};
 use crate::nft::leftovers::{self, LeftoverError};
 use crate::nft::owner::{self, Ownership, TakeOver};
 use crate::nft::probe::{self, Missing};
-use crate::nft::{Kernel, NetlinkKernel, NftError};
+use crate::nft::{Kernel, NetlinkKernel, NftError, ReplyKind};
 use crate::notify::{self, Progress};
 use crate::ruleset::Settings;
 use crate::source::Loaded;
@@ -238,7 +238,14 @@ fn handle_leftovers(kernel: &mut NetlinkKernel, cleanup: bool) -> Result<(), Dae
 /// One request to the sync thread.
 struct Request {
     work: Work,
-    reply: oneshot::Sender<Result<Synced, NftError>>,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// The writer's answer: the sync's result, and the kinds of the operations the kernel rejected
+/// on the way (also when a retry or a quarantine made the sync succeed).
+struct Reply {
+    result: Result<Synced, NftError>,
+    rejected: Vec<ReplyKind>,
 }
 
 /// What the sync thread is asked to sync.
@@ -603,7 +610,11 @@ async fn sync_loop(
             .send(Request { work, reply })
             .map_err(|_| DaemonError::SyncThread)?;
         // Not raced against shutdown: the transaction in flight always finishes.
-        match answer.await.map_err(|_| DaemonError::SyncThread)? {
+        let Reply { result, rejected } = answer.await.map_err(|_| DaemonError::SyncThread)?;
+        for kind in rejected {
+            metrics.inc_kernel_rejections(kind.label());
+        }
+        match result {
             Ok(synced) => {
                 schedule.succeeded(started);
                 record_success(&synced, &changes, health, metrics);
@@ -787,9 +798,10 @@ impl<K: Kernel> Writer<K> {
             self.progress.busy();
             notify::hang_if_switched(self.hang_switch.as_deref());
             let result = self.handle(req.work);
+            let rejected = self.syncer.take_rejections();
             self.progress.idle();
             // The loop only stops waiting for a reply when the daemon is exiting.
-            let _ = req.reply.send(result);
+            let _ = req.reply.send(Reply { result, rejected });
         }
     }
 

@@ -66,6 +66,11 @@ struct PolicyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabels {
     code: u16,
 }
@@ -126,6 +131,7 @@ pub struct Metrics {
     quarantined: Gauge,
     address_conflicts: Gauge,
     drift_repairs: Family<FamilyLabels, Counter>,
+    kernel_rejections: Family<KindLabels, Counter>,
     transaction_bytes: Histogram,
     transaction_messages: Histogram,
 }
@@ -160,6 +166,7 @@ impl Metrics {
             quarantined: Gauge::default(),
             address_conflicts: Gauge::default(),
             drift_repairs: Family::default(),
+            kernel_rejections: Family::default(),
             // 256 B … 64 MiB: one-element changes up to cold loads of very large clusters.
             transaction_bytes: Histogram::new(exponential_buckets(256.0, 4.0, 10)),
             // 1 … 262144 netlink messages.
@@ -248,6 +255,13 @@ impl Metrics {
             "nodeproxy_drift_repairs",
             "Times the kernel's tables differed from what nodeproxy last wrote and were repaired",
             m.drift_repairs.clone(),
+        );
+        r.register(
+            "nodeproxy_kernel_rejections",
+            "Operations the kernel rejected in nodeproxy's transactions, by kind (not_found, \
+             exists, busy, permission, invalid, other), including those a retry or a \
+             quarantine then resolved",
+            m.kernel_rejections.clone(),
         );
         r.register(
             "nodeproxy_transaction_bytes",
@@ -369,6 +383,13 @@ impl Metrics {
     pub fn inc_drift_repairs(&self, family: IpFamily) {
         self.drift_repairs
             .get_or_create(&family_label(family))
+            .inc();
+    }
+
+    /// The kernel rejected one operation of ours; `kind` is `nft::ReplyKind::label`.
+    pub fn inc_kernel_rejections(&self, kind: &'static str) {
+        self.kernel_rejections
+            .get_or_create(&KindLabels { kind })
             .inc();
     }
 

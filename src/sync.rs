@@ -17,7 +17,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::model::{ClusterState, EndpointSlice, IpFamily, Service, ServiceName};
-use crate::nft::{self, Kernel, NftError, WireTable};
+use crate::nft::{self, Kernel, NftError, RejectedOp, ReplyKind, WireTable};
 use crate::ruleset::{self, Hints, Settings};
 
 mod hints;
@@ -92,6 +92,10 @@ pub struct Syncer<K: Kernel> {
     /// transactions, dropped when anyone else may have committed in between (see
     /// [`Syncer::kernel_unchanged`]).
     trusted_generation: Option<u32>,
+    /// What the kernel rejected since [`Syncer::take_rejections`] was last called, one kind per
+    /// operation: full and incremental syncs, including rejections a retry or a quarantine
+    /// then resolved.
+    rejected: Vec<ReplyKind>,
     /// Whether a full sync records the [`incremental::Baseline`] later change syncs need; a
     /// process that syncs once ([`once`]) does not pay for it.
     keeps_baseline: bool,
@@ -135,6 +139,7 @@ pub fn once<K: Kernel, E: From<NftError>>(
                 return Ok(outcome);
             }
             Err(NftError::Rejected { errors }) => {
+                syncer.note_rejected(&errors);
                 let mut added = false;
                 for e in &errors {
                     let Some(origin) = &e.origin else { continue };
@@ -177,12 +182,23 @@ impl<K: Kernel> Syncer<K> {
             quarantine: BTreeMap::new(),
             baseline: None,
             trusted_generation: None,
+            rejected: Vec::new(),
             keeps_baseline: true,
         }
     }
 
     pub fn kernel(&mut self) -> &mut K {
         &mut self.kernel
+    }
+
+    /// The kinds of the operations the kernel rejected since the last call (for
+    /// `nodeproxy_kernel_rejections_total`).
+    pub fn take_rejections(&mut self) -> Vec<ReplyKind> {
+        std::mem::take(&mut self.rejected)
+    }
+
+    fn note_rejected(&mut self, errors: &[RejectedOp]) {
+        self.rejected.extend(errors.iter().map(RejectedOp::kind));
     }
 
     /// Services currently excluded, with the reason.
@@ -222,6 +238,7 @@ impl<K: Kernel> Syncer<K> {
             match self.apply(desired, verify, &mut outcome) {
                 Ok(()) => break contested,
                 Err(NftError::Rejected { errors }) => {
+                    self.note_rejected(&errors);
                     // The transaction was rolled back, so what the kernel holds is the last
                     // applied state, but that state may itself be unknown now: read it again.
                     self.applied.clear();

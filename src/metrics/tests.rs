@@ -19,6 +19,7 @@ fn record_everything(m: &Metrics) {
     m.add_conntrack_deleted(V6, 4);
     m.set_quarantined_services(2);
     m.inc_drift_repairs(V4);
+    m.inc_kernel_rejections("busy");
     m.observe_transaction(12, 4096);
 }
 
@@ -43,6 +44,7 @@ fn the_text_output_names_every_metric_after_one_recording_each() {
         "kubeproxy_conntrack_reconciler_deleted_entries_total{",
         "nodeproxy_quarantined_services ",
         "nodeproxy_drift_repairs_total{",
+        "nodeproxy_kernel_rejections_total{kind=\"busy\"} 1",
         "nodeproxy_transaction_bytes_bucket",
         "nodeproxy_transaction_messages_bucket",
     ] {

@@ -4,7 +4,6 @@
 //! all-or-nothing transactions that report every failing operation.
 
 use std::collections::BTreeMap;
-use std::io;
 
 use super::diff::{Op, Plan};
 use super::wire::{WireTable, family_keyword};
@@ -21,11 +20,7 @@ pub struct FakeKernel {
     generation: u32,
 }
 
-const ENOENT: i32 = 2;
-const EEXIST: i32 = 17;
-const EBUSY: i32 = 16;
-const EINVAL: i32 = 22;
-const EOPNOTSUPP: i32 = 95;
+use super::ReplyKind::{self, Busy, Exists, Invalid, NotFound};
 
 /// Whether the kernel accepts changing an existing table's flags from `cur` to `want`, written
 /// after `nf_tables_updtable` (kernel 6.9+, with the fix that lets an owner resend its flags):
@@ -86,7 +81,7 @@ impl FakeKernel {
                     op: op.kind(),
                     object,
                     origin: None,
-                    errno: io::Error::from_raw_os_error(errno),
+                    errno: errno.errno(),
                     ext_ack: None,
                     ext_ack_offset: None,
                     phase,
@@ -101,7 +96,7 @@ impl FakeKernel {
     }
 }
 
-type OpErr = (i32, String);
+type OpErr = (ReplyKind, String);
 
 fn apply_op(
     tables: &mut BTreeMap<(IpFamily, String), WireTable>,
@@ -119,25 +114,25 @@ fn apply_op(
         });
         // NEWTABLE on an existing table is an update of its flags.
         if !kernel_accepts_table_update(t.flags, *flags) {
-            return Err((EOPNOTSUPP, desc.to_owned()));
+            return Err((Invalid, desc.to_owned())); // the kernel's EOPNOTSUPP
         }
         t.flags = *flags;
         return Ok(());
     }
     let Some(t) = tables.get_mut(key) else {
-        return Err((ENOENT, desc.to_owned()));
+        return Err((NotFound, desc.to_owned()));
     };
     match op {
         Op::AddTable { .. } => {}
         Op::UpdateTable { flags } => {
             if !kernel_accepts_table_update(t.flags, *flags) {
-                return Err((EOPNOTSUPP, desc.to_owned()));
+                return Err((Invalid, desc.to_owned())); // the kernel's EOPNOTSUPP
             }
             t.flags = *flags;
         }
         Op::AddChain { name, chain } => {
             if t.chains.contains_key(*name) {
-                return Err((EEXIST, format!("chain {name} of {desc}")));
+                return Err((Exists, format!("chain {name} of {desc}")));
             }
             let mut c = (*chain).clone();
             c.rules.clear();
@@ -145,7 +140,7 @@ fn apply_op(
         }
         Op::DelChain { name } => {
             if !t.chains.contains_key(*name) {
-                return Err((ENOENT, format!("chain {name} of {desc}")));
+                return Err((NotFound, format!("chain {name} of {desc}")));
             }
             let by_rule = t
                 .chains
@@ -162,35 +157,35 @@ fn apply_op(
                 })
             };
             if by_rule || elem_ref(t) || before.is_some_and(elem_ref) {
-                return Err((EBUSY, format!("chain {name} of {desc}")));
+                return Err((Busy, format!("chain {name} of {desc}")));
             }
             t.chains.remove(*name);
             t.chain_order.retain(|n| n != name);
         }
         Op::FlushChain { name } => match t.chains.get_mut(*name) {
             Some(c) => c.rules.clear(),
-            None => return Err((ENOENT, format!("chain {name} of {desc}"))),
+            None => return Err((NotFound, format!("chain {name} of {desc}"))),
         },
         Op::AddRule { chain, index, rule } => {
             let object = format!("rule {} of chain {chain} of {desc}", index + 1);
             for s in rule.set_refs() {
                 if !t.sets.contains_key(&s) {
-                    return Err((ENOENT, object));
+                    return Err((NotFound, object));
                 }
             }
             for c in rule.chain_refs() {
                 if !t.chains.contains_key(&c) {
-                    return Err((ENOENT, object));
+                    return Err((NotFound, object));
                 }
             }
             match t.chains.get_mut(*chain) {
                 Some(c) => c.rules.push((*rule).clone()),
-                None => return Err((ENOENT, object)),
+                None => return Err((NotFound, object)),
             }
         }
         Op::AddSet { name, set } => {
             if t.sets.contains_key(*name) {
-                return Err((EEXIST, set.describe(name, desc)));
+                return Err((Exists, set.describe(name, desc)));
             }
             let mut s = (*set).clone();
             s.elements.clear();
@@ -198,13 +193,13 @@ fn apply_op(
         }
         Op::DelSet { name } => {
             if !t.sets.contains_key(*name) {
-                return Err((ENOENT, format!("set {name} of {desc}")));
+                return Err((NotFound, format!("set {name} of {desc}")));
             }
             if t.chains
                 .values()
                 .any(|c| c.rules.iter().any(|r| r.set_refs().any(|s| s == *name)))
             {
-                return Err((EBUSY, format!("set {name} of {desc}")));
+                return Err((Busy, format!("set {name} of {desc}")));
             }
             t.sets.remove(*name);
             t.set_order.retain(|n| n != name);
@@ -212,37 +207,37 @@ fn apply_op(
         Op::AddElems { set, elems, .. } => {
             let chains: Vec<String> = t.chains.keys().cloned().collect();
             let Some(s) = t.sets.get_mut(*set) else {
-                return Err((ENOENT, format!("set {set} of {desc}")));
+                return Err((NotFound, format!("set {set} of {desc}")));
             };
             for (k, e) in elems {
                 let object = format!("element {} in {}", s.format_key(k), s.describe(set, desc));
                 if k.len() != s.key_len as usize {
-                    return Err((EINVAL, object));
+                    return Err((Invalid, object));
                 }
                 // Adds are not exclusive (see netlink.rs): like the kernel, an element that
                 // exists with the same data is left as it is; different data is a clash.
                 if let Some(existing) = s.elements.get(*k) {
                     if existing.data != e.data {
-                        return Err((EEXIST, object));
+                        return Err((Exists, object));
                     }
                     continue;
                 }
                 if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
                     && !chains.iter().any(|x| x == c)
                 {
-                    return Err((ENOENT, object));
+                    return Err((NotFound, object));
                 }
                 s.elements.insert((*k).into(), (*e).clone());
             }
         }
         Op::DelElems { set, elems, .. } => {
             let Some(s) = t.sets.get_mut(*set) else {
-                return Err((ENOENT, format!("set {set} of {desc}")));
+                return Err((NotFound, format!("set {set} of {desc}")));
             };
             for (k, _) in elems {
                 if s.elements.remove(*k).is_none() {
                     return Err((
-                        ENOENT,
+                        NotFound,
                         format!("element {} in {}", s.format_key(k), s.describe(set, desc)),
                     ));
                 }

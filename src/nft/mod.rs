@@ -31,6 +31,75 @@ pub use wire::{
 use crate::model::{IpFamily, ServicePortName};
 use crate::ruleset::Ruleset;
 
+/// What the kernel's answer to one operation means to us. nf_tables answers with an errno; these
+/// are the ones sync, cleanup, the fake kernel and the rejection metric tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReplyKind {
+    /// ENOENT: the object (or the one it refers to) does not exist.
+    NotFound,
+    /// EEXIST: an exclusive add of an object or element that exists.
+    Exists,
+    /// EBUSY: an object still referenced (a chain jumped to, a set looked up).
+    Busy,
+    /// EPERM (or EACCES): another process owns the table, or we lack CAP_NET_ADMIN.
+    Permission,
+    /// EINVAL, EOPNOTSUPP, ERANGE, E2BIG: the kernel cannot take the object as built.
+    Invalid,
+    /// Anything else (ENOMEM, ENOBUFS, …).
+    Other,
+}
+
+impl ReplyKind {
+    pub const ALL: [ReplyKind; 6] = [
+        ReplyKind::NotFound,
+        ReplyKind::Exists,
+        ReplyKind::Busy,
+        ReplyKind::Permission,
+        ReplyKind::Invalid,
+        ReplyKind::Other,
+    ];
+
+    /// The kind of an errno the kernel answered with.
+    pub fn of(err: &std::io::Error) -> ReplyKind {
+        use nix::libc;
+        match err.raw_os_error() {
+            Some(libc::ENOENT) => ReplyKind::NotFound,
+            Some(libc::EEXIST) => ReplyKind::Exists,
+            Some(libc::EBUSY) => ReplyKind::Busy,
+            Some(libc::EPERM | libc::EACCES) => ReplyKind::Permission,
+            Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ERANGE | libc::E2BIG) => {
+                ReplyKind::Invalid
+            }
+            _ => ReplyKind::Other,
+        }
+    }
+
+    /// The errno a kernel answers with for this kind (what the fake kernel answers).
+    pub fn errno(self) -> std::io::Error {
+        use nix::libc;
+        std::io::Error::from_raw_os_error(match self {
+            ReplyKind::NotFound => libc::ENOENT,
+            ReplyKind::Exists => libc::EEXIST,
+            ReplyKind::Busy => libc::EBUSY,
+            ReplyKind::Permission => libc::EPERM,
+            ReplyKind::Invalid => libc::EINVAL,
+            ReplyKind::Other => libc::EIO,
+        })
+    }
+
+    /// The `kind` label of `nodeproxy_kernel_rejections_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ReplyKind::NotFound => "not_found",
+            ReplyKind::Exists => "exists",
+            ReplyKind::Busy => "busy",
+            ReplyKind::Permission => "permission",
+            ReplyKind::Invalid => "invalid",
+            ReplyKind::Other => "other",
+        }
+    }
+}
+
 /// One operation the kernel refused.
 #[derive(Debug)]
 pub struct RejectedOp {
@@ -63,6 +132,13 @@ impl fmt::Display for RejectedOp {
             write!(f, " [attribute at offset {o}]")?;
         }
         Ok(())
+    }
+}
+
+impl RejectedOp {
+    /// What the kernel's errno means.
+    pub fn kind(&self) -> ReplyKind {
+        ReplyKind::of(&self.errno)
     }
 }
 

@@ -16,7 +16,7 @@ use super::wire::{
     self, WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable,
     expr_attr_type, nfproto,
 };
-use super::{ApplyStats, Kernel, NftError, RejectedOp};
+use super::{ApplyStats, Kernel, NftError, RejectedOp, ReplyKind};
 use crate::model::{IpFamily, ServicePortName};
 use crate::netlink::*;
 
@@ -646,13 +646,14 @@ impl NetlinkKernel {
                     NLMSG_DONE => done = true,
                     NLMSG_ERROR => {
                         let code = m.error_code().unwrap_or(0);
-                        if code == -nix::libc::ENOENT {
+                        let errno = io::Error::from_raw_os_error(-code);
+                        if code != 0 && ReplyKind::of(&errno) == ReplyKind::NotFound {
                             return Ok(None);
                         }
                         if code != 0 {
                             return Err(NftError::Io {
                                 context: format!("dump nftables message type {ty}"),
-                                source: io::Error::from_raw_os_error(-code),
+                                source: errno,
                             });
                         }
                         done = true;
@@ -1167,10 +1168,7 @@ impl Kernel for NetlinkKernel {
                         };
                         return Err(self.denied(family, name));
                     }
-                    if !errors
-                        .iter()
-                        .all(|e| e.errno.raw_os_error() == Some(nix::libc::ENOENT))
-                    {
+                    if !errors.iter().all(|e| e.kind() == ReplyKind::NotFound) {
                         return Err(NftError::Rejected { errors });
                     }
                     last = Some(NftError::Rejected { errors });
@@ -1183,7 +1181,7 @@ impl Kernel for NetlinkKernel {
 }
 
 fn is_eperm(e: &RejectedOp) -> bool {
-    e.errno.raw_os_error() == Some(nix::libc::EPERM)
+    e.kind() == ReplyKind::Permission
 }
 
 /// One message of a raw transaction (objects outside our table, e.g. another proxy's leftovers).

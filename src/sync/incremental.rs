@@ -417,6 +417,7 @@ impl<K: Kernel> Syncer<K> {
                     self.trusted_generation = None;
                     return match e {
                         NftError::Rejected { errors } => {
+                            self.note_rejected(&errors);
                             tracing::debug!(
                                 "incremental sync rejected ({} error(s)); falling back to a full \
                                  sync",

@@ -1,6 +1,5 @@
 //! Unit tests of the single writer against the in-memory kernel.
 use std::collections::BTreeSet;
-use std::io;
 
 use super::*;
 use crate::config::Config;
@@ -111,7 +110,7 @@ impl Kernel for PoisonKernel {
                             op: "add element",
                             object: format!("element in {set}"),
                             origin: Some((**origin).clone()),
-                            errno: io::Error::from_raw_os_error(22),
+                            errno: ReplyKind::Invalid.errno(),
                             ext_ack: None,
                             ext_ack_offset: None,
                             phase: 1,
@@ -207,7 +206,7 @@ fn once_fails_when_a_rejection_names_no_service() {
                     op: "add table",
                     object: "table ip nodeproxy".into(),
                     origin: None,
-                    errno: io::Error::from_raw_os_error(1),
+                    errno: ReplyKind::Permission.errno(),
                     ext_ack: None,
                     ext_ack_offset: None,
                     phase: 1,
@@ -226,6 +225,21 @@ fn once_fails_when_a_rejection_names_no_service() {
         matches!(&err, NftError::Rejected { errors } if errors.len() == 1),
         "{err}"
     );
+}
+
+#[test]
+fn the_kinds_of_rejected_operations_are_kept_until_taken() {
+    let mut syncer = Syncer::new(kernel(&["bad"]));
+    syncer.sync(&state(), &settings(), false).unwrap();
+    // Rejected once against the first view, once more after the fresh read-back that comes
+    // before any quarantine: "bad" has one element in each of the two rejected transactions.
+    let kinds = syncer.take_rejections();
+    assert!(!kinds.is_empty());
+    assert!(kinds.iter().all(|k| *k == ReplyKind::Invalid), "{kinds:?}");
+    assert!(syncer.take_rejections().is_empty());
+    // Quarantined and unchanged: nothing is sent for it again, so nothing more is rejected.
+    syncer.sync(&state(), &settings(), false).unwrap();
+    assert!(syncer.take_rejections().is_empty());
 }
 
 #[test]
