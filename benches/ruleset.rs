@@ -17,7 +17,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use nodeproxy::config::Config;
 use nodeproxy::model::{
     ClusterState, Conditions, EndpointSlice, IpFamily, Node, Protocol, Service, ServiceName,
-    ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+    ServicePort, SliceEndpoint, SlicePort,
 };
 use nodeproxy::nft::{self, ApplyStats, Kernel, NftError, Plan, WireTable};
 use nodeproxy::ruleset::{self, Settings};
@@ -48,7 +48,6 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
     for s in 0..services {
         let svc_name = name(format!("ns{}", s % 100), format!("svc{s}"));
         let service = Service {
-            name: svc_name.clone(),
             cluster_ips: vec![IpAddr::V4(Ipv4Addr::from(0x0A60_0001 + s))],
             ports: vec![ServicePort {
                 name: "http".into(),
@@ -56,14 +55,7 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                 port: 80,
                 node_port: s.is_multiple_of(4).then(|| 30000 + (s / 4 % 2768) as u16),
             }],
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            health_check_node_port: None,
-            session_affinity_timeout: None,
-            created: None,
+            ..Service::new(svc_name.clone())
         };
         let eps = (0..endpoints)
             .map(|e| {

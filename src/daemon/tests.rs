@@ -310,7 +310,6 @@ fn name(n: &str) -> ServiceName {
 
 fn svc(n: &str, ip: &str, protocol: Protocol) -> Service {
     Service {
-        name: name(n),
         cluster_ips: vec![ip.parse().unwrap()],
         ports: vec![ServicePort {
             name: String::new(),
@@ -318,14 +317,7 @@ fn svc(n: &str, ip: &str, protocol: Protocol) -> Service {
             port: 53,
             node_port: Some(30053),
         }],
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_traffic_policy: TrafficPolicy::Cluster,
-        internal_traffic_policy: TrafficPolicy::Cluster,
-        health_check_node_port: None,
-        session_affinity_timeout: None,
-        created: None,
+        ..Service::new(name(n))
     }
 }
 
@@ -591,7 +583,6 @@ fn random_service(rng: &mut Rng, n: usize) -> Service {
         .collect();
     let external = ["203.0.113.7", "2001:db8::7", "198.51.100.7"];
     Service {
-        name: name(&format!("s{n}")),
         cluster_ips,
         ports,
         external_ips: (0..rng.below(3))
@@ -602,12 +593,10 @@ fn random_service(rng: &mut Rng, n: usize) -> Service {
         } else {
             vec![]
         },
-        load_balancer_source_ranges: vec![],
         external_traffic_policy: random_policy(rng),
         internal_traffic_policy: random_policy(rng),
         health_check_node_port: rng.chance(60).then_some(32000 + u16::try_from(n).unwrap()),
-        session_affinity_timeout: None,
-        created: None,
+        ..Service::new(name(&format!("s{n}")))
     }
 }
 

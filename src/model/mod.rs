@@ -160,6 +160,25 @@ pub struct Service {
 }
 
 impl Service {
+    /// A Service named `name` and nothing else: no address, no port, `Cluster` traffic
+    /// policies, no affinity, no creation time. What tests, benchmarks and fuzzers build theirs
+    /// from, setting only what they mean: `Service { ports, ..Service::new(name) }`.
+    pub fn new(name: ServiceName) -> Service {
+        Service {
+            name,
+            cluster_ips: Vec::new(),
+            ports: Vec::new(),
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            external_traffic_policy: TrafficPolicy::Cluster,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            health_check_node_port: None,
+            session_affinity_timeout: None,
+            created: None,
+        }
+    }
+
     pub fn port_name(&self, port: &ServicePort) -> ServicePortName {
         ServicePortName {
             service: self.name.clone(),

@@ -38,7 +38,6 @@ fn endpoints_prefer_non_terminating_duplicate() {
         state.slices.insert(s.name.clone(), s);
     }
     let service = Service {
-        name: svc.clone(),
         cluster_ips: vec!["198.51.100.10".parse().unwrap()],
         ports: vec![ServicePort {
             name: "http".into(),
@@ -46,14 +45,7 @@ fn endpoints_prefer_non_terminating_duplicate() {
             port: 80,
             node_port: None,
         }],
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_traffic_policy: TrafficPolicy::Cluster,
-        internal_traffic_policy: TrafficPolicy::Cluster,
-        health_check_node_port: None,
-        session_affinity_timeout: None,
-        created: None,
+        ..Service::new(svc.clone())
     };
     let index = state.slices_by_service();
     let eps = endpoints_for(&index[&service.name], &service.ports[0]);

@@ -18,7 +18,6 @@ fn name(ns: &str, n: &str) -> ServiceName {
 
 fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint: &str) {
     let svc = Service {
-        name: name("ns", n),
         cluster_ips: vec![ip.parse().unwrap()],
         ports: vec![ServicePort {
             name: "http".into(),
@@ -26,14 +25,7 @@ fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint: &str) {
             port: 80,
             node_port: None,
         }],
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_traffic_policy: TrafficPolicy::Cluster,
-        internal_traffic_policy: TrafficPolicy::Cluster,
-        health_check_node_port: None,
-        session_affinity_timeout: None,
-        created: None,
+        ..Service::new(name("ns", n))
     };
     let slice = EndpointSlice {
         name: name("ns", &format!("{n}-1")),
@@ -581,7 +573,6 @@ fn random_service(rng: &mut Rng, i: usize) -> Service {
     let internal_traffic_policy = policy(rng, 4);
     let has_node_port = ports.iter().any(|p| p.node_port.is_some());
     Service {
-        name: slot_name(i),
         cluster_ips,
         ports,
         external_ips,
@@ -592,7 +583,7 @@ fn random_service(rng: &mut Rng, i: usize) -> Service {
         health_check_node_port: (external_traffic_policy == TrafficPolicy::Local && has_node_port)
             .then_some(32000 + n),
         session_affinity_timeout: rng.chance(1, 4).then(|| *rng.pick(&[10800u32, 60])),
-        created: None,
+        ..Service::new(slot_name(i))
     }
 }
 

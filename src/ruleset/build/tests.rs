@@ -2,7 +2,7 @@
 use super::*;
 use crate::model::{
     Conditions, EndpointSlice, Node, Protocol, Service, ServiceName, ServicePort, SliceEndpoint,
-    SlicePort, TrafficPolicy,
+    SlicePort,
 };
 use crate::ruleset::render::render;
 
@@ -20,7 +20,6 @@ fn service(
     ports: &[(&str, Protocol, u16, Option<u16>)],
 ) -> Service {
     Service {
-        name: name(ns, n),
         cluster_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
         ports: ports
             .iter()
@@ -31,14 +30,7 @@ fn service(
                 node_port: *np,
             })
             .collect(),
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        external_traffic_policy: TrafficPolicy::Cluster,
-        internal_traffic_policy: TrafficPolicy::Cluster,
-        health_check_node_port: None,
-        session_affinity_timeout: None,
-        created: None,
+        ..Service::new(name(ns, n))
     }
 }
 

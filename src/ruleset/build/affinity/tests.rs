@@ -95,7 +95,6 @@ fn state(endpoints: &[&str]) -> ClusterState {
     st.services.insert(
         name.clone(),
         Service {
-            name: name.clone(),
             cluster_ips: vec![ip("203.0.113.20"), ip("2001:db8:ffff::20")],
             ports: vec![ServicePort {
                 name: "http".into(),
@@ -103,14 +102,8 @@ fn state(endpoints: &[&str]) -> ClusterState {
                 port: 80,
                 node_port: Some(30080),
             }],
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            external_traffic_policy: TrafficPolicy::Cluster,
-            internal_traffic_policy: TrafficPolicy::Cluster,
-            health_check_node_port: None,
             session_affinity_timeout: Some(10800),
-            created: None,
+            ..Service::new(name.clone())
         },
     );
     // One slice per endpoint: they may differ in port.
