@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::schedule::Schedule;
+use super::writer::health_check_addresses;
 use super::*;
 use crate::config::NodePortAddresses;
 use crate::health::HealthCheckService;
