@@ -1,0 +1,171 @@
+//! Decoding what the kernel sends back: extended acks, rule expressions, set descriptions
+//! and elements of a dump.
+
+use super::*;
+
+/// Runs every decoder of kernel replies over arbitrary bytes, as `read_table`, `dump` and the
+/// error path would meet them: netlink framing, error codes and extended acks, attributes, set
+/// elements, rule expressions and concatenation descriptions at any nesting. For the fuzz
+/// target `netlink_decode` and its corpus test; returns how much was decoded, so that nothing
+/// is optimised away. Must never panic.
+#[doc(hidden)]
+pub fn decode_any(data: &[u8]) -> usize {
+    let mut decoded = 0;
+    let mut chains = BTreeMap::new();
+    let mut comments = HashMap::new();
+    for m in messages(data) {
+        decoded += 1;
+        let _ = m.error_code();
+        let (text, offset) = parse_ext_ack(m.flags, m.payload);
+        decoded += text.map_or(0, |t| t.len()) + offset.map_or(0, |_| 1);
+        let attrs = m.payload.get(NFGEN_HDRLEN..).unwrap_or_default();
+        for (_, p, _) in Attrs::new(attrs) {
+            decoded += parse_desc_concat(p).len();
+            decoded += cstr(p).len();
+            for (_, e, _) in Attrs::new(p) {
+                if parse_elem(e, &mut chains, &mut comments).is_some() {
+                    decoded += 1;
+                }
+                decoded += parse_expr(e).name.len();
+                for (_, inner, _) in Attrs::new(e) {
+                    if parse_elem(inner, &mut chains, &mut comments).is_some() {
+                        decoded += 1;
+                    }
+                }
+            }
+        }
+    }
+    decoded
+}
+
+pub(super) fn parse_ext_ack(flags: u16, payload: &[u8]) -> (Option<String>, Option<u32>) {
+    if flags & NLM_F_ACK_TLVS == 0 {
+        return (None, None);
+    }
+    // error code, then the echoed request: its header only when capped.
+    let echoed = if flags & NLM_F_CAPPED != 0 {
+        NLMSG_HDRLEN
+    } else {
+        payload
+            .get(4..8)
+            .and_then(ne_u32)
+            .map(|l| l as usize)
+            .unwrap_or(NLMSG_HDRLEN)
+    };
+    let start = 4 + ((echoed + 3) & !3);
+    let (mut text, mut off) = (None, None);
+    for (ty, p, _) in Attrs::new(payload.get(start..).unwrap_or_default()) {
+        match ty & NLA_TYPE_MASK {
+            NLMSGERR_ATTR_MSG => text = Some(cstr(p)).filter(|s| !s.is_empty()),
+            NLMSGERR_ATTR_OFFS => off = ne_u32(p),
+            _ => {}
+        }
+    }
+    (text, off)
+}
+
+/// Parses one NFTA_LIST_ELEM of a rule's expressions into the canonical form.
+pub(super) fn parse_expr(e: &[u8]) -> WireExpr {
+    let mut name = String::new();
+    let mut attrs = Vec::new();
+    for (ty, p, _) in Attrs::new(e) {
+        match ty & NLA_TYPE_MASK {
+            EXPR_NAME => name = cstr(p),
+            EXPR_DATA => {
+                for (t, q, _) in Attrs::new(p) {
+                    attrs.push((t & NLA_TYPE_MASK, q.to_vec()));
+                }
+            }
+            _ => {}
+        }
+    }
+    // Data nests: normalize to the form the kernel dumps (verdict nest without NLA_F_NESTED),
+    // which is also the form lowering produces.
+    for (t, v) in attrs.iter_mut() {
+        if WireExpr::is_nested(&name, *t)
+            && let Some(d) = wire::parse_data(v)
+        {
+            let mut n = Vec::new();
+            wire::encode_data(&d, &mut n);
+            *v = n;
+        }
+    }
+    WireExpr::new(&name, attrs)
+}
+
+/// The field lengths of `NFTA_SET_DESC_CONCAT` in a set's description.
+pub(super) fn parse_desc_concat(desc: &[u8]) -> Vec<u32> {
+    let mut lens = Vec::new();
+    for (ty, p, _) in Attrs::new(desc) {
+        if ty & NLA_TYPE_MASK != SET_DESC_CONCAT {
+            continue;
+        }
+        for (_, field, _) in Attrs::new(p) {
+            for (t, q, _) in Attrs::new(field) {
+                if t & NLA_TYPE_MASK == SET_FIELD_LEN
+                    && let Some(len) = be_u32(q)
+                {
+                    lens.push(len);
+                }
+            }
+        }
+    }
+    lens
+}
+
+/// Parses one element of a dump. `chains` and `comments` intern goto targets and comments: a
+/// table at 10k services holds hundreds of thousands of elements sharing a few thousand.
+pub(super) fn parse_elem(
+    e: &[u8],
+    chains: &mut BTreeMap<String, Arc<str>>,
+    comments: &mut HashMap<Box<[u8]>, Arc<[u8]>>,
+) -> Option<(Box<[u8]>, WireElem)> {
+    let mut key = None;
+    let mut elem = WireElem {
+        key_end: None,
+        data: None,
+        userdata: None,
+        origin: None,
+    };
+    for (ty, p, _) in Attrs::new(e) {
+        match ty & NLA_TYPE_MASK {
+            ELEM_KEY => {
+                if let Some(WireData::Value(v)) = wire::parse_data(p) {
+                    key = Some(v);
+                }
+            }
+            ELEM_KEY_END => {
+                if let Some(WireData::Value(v)) = wire::parse_data(p) {
+                    elem.key_end = Some(v);
+                }
+            }
+            ELEM_DATA => {
+                elem.data = wire::parse_data(p).map(|d| match d {
+                    WireData::Verdict {
+                        code,
+                        chain: Some(c),
+                    } => {
+                        let c = chains.entry(c.to_string()).or_insert(c).clone();
+                        WireData::Verdict {
+                            code,
+                            chain: Some(c),
+                        }
+                    }
+                    d => d,
+                });
+            }
+            ELEM_USERDATA => {
+                elem.userdata = Some(match comments.get(p) {
+                    Some(shared) => shared.clone(),
+                    None => {
+                        let shared: Arc<[u8]> = Arc::from(p);
+                        comments.insert(p.into(), shared.clone());
+                        shared
+                    }
+                });
+            }
+            _ => {}
+        }
+    }
+    Some((key?, elem))
+}
