@@ -826,6 +826,8 @@ struct PickKind {
     map_what: &'static str,
     /// What traffic the chain DNATs, for its comment.
     chain_what: &'static str,
+    /// The chain picks among this node's endpoints (a Local traffic policy's list).
+    local: bool,
 }
 
 const PICK_KINDS: [PickKind; 4] = [
@@ -835,6 +837,7 @@ const PICK_KINDS: [PickKind; 4] = [
         key: service_key,
         map_what: "service address . protocol . port . slot to endpoint",
         chain_what: "DNAT service address traffic to one of",
+        local: false,
     },
     PickKind {
         chain: names::local_pick_chain,
@@ -842,6 +845,7 @@ const PICK_KINDS: [PickKind; 4] = [
         key: service_key,
         map_what: "external address . protocol . port . slot to local endpoint",
         chain_what: "DNAT external address traffic to one of",
+        local: true,
     },
     PickKind {
         chain: names::nodeport_pick_chain,
@@ -849,6 +853,7 @@ const PICK_KINDS: [PickKind; 4] = [
         key: nodeport_key,
         map_what: "protocol . NodePort . slot to endpoint",
         chain_what: "DNAT NodePort traffic to one of",
+        local: false,
     },
     PickKind {
         chain: names::nodeport_local_pick_chain,
@@ -856,6 +861,7 @@ const PICK_KINDS: [PickKind; 4] = [
         key: nodeport_key,
         map_what: "protocol . NodePort . slot to local endpoint",
         chain_what: "DNAT NodePort traffic to one of",
+        local: true,
     },
 ];
 
@@ -865,7 +871,7 @@ fn pick_objects(kind: &PickKind, picks: Picks, sets: &mut Vec<Set>, chains: &mut
         let modulus = u32::try_from(k).unwrap_or(u32::MAX);
         let mut key = (kind.key)();
         key.push(KeyField::Numgen { modulus });
-        let local = if kind.map_what.contains("local") {
+        let local = if kind.local {
             " local"
         } else {
             ""
