@@ -1,0 +1,367 @@
+//! The incremental path's bookkeeping: what it knows about the last full sync beyond the
+//! applied tables (settings, Nodes, contested keys, every Service's claims, the origins of each
+//! Service's elements, and how chains and sets are reached and used), kept up to date as change
+//! syncs commit.
+
+use super::*;
+
+/// A chain or a set of our table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) enum Object {
+    Chain(String),
+    Set(String),
+}
+
+/// What the incremental path knows about the last full sync beyond the applied tables.
+pub(in crate::sync) struct Baseline {
+    pub(super) settings: Settings,
+    pub(super) nodes: BTreeMap<String, Node>,
+    /// Services that the last full build shows cannot be rebuilt alone: those involved in a
+    /// contested key, and those owning elements of an object that no verdict reaches.
+    pub(super) contested: Contested,
+    pub(super) families: BTreeMap<IpFamily, Layout>,
+    /// The origins of each Service's applied elements (one per Service port and builder
+    /// module; every element of a port shares it). Holding them keeps their addresses from
+    /// being reused, so an element belongs to a Service exactly when its origin's address is
+    /// one of these.
+    pub(super) origins: HashMap<ServiceName, Vec<Arc<ServicePortName>>>,
+    /// Who claims each address . protocol . port and each NodePort, winner or not. A changed
+    /// Service that claims one held by an unchanged Service takes the full path: which of
+    /// them gets the key decides elements of the unchanged one too, possibly in other maps
+    /// (found by fuzzing: an added Service taking an externalIP from a younger one left the
+    /// younger one's elements in place).
+    pub(super) claims: HashMap<ClaimKey, BTreeSet<ServiceName>>,
+}
+
+/// An address . protocol . port, or a NodePort (no address), that a Service claims.
+pub(super) type ClaimKey = (Option<std::net::IpAddr>, Protocol, u16);
+
+pub(super) fn claim_keys(svc: &Service) -> Vec<ClaimKey> {
+    let addrs = svc
+        .cluster_ips
+        .iter()
+        .chain(&svc.external_ips)
+        .chain(&svc.load_balancer_ips);
+    let mut keys: Vec<ClaimKey> = addrs
+        .flat_map(|a| {
+            svc.ports
+                .iter()
+                .map(move |p| (Some(*a), p.protocol, p.port))
+        })
+        .collect();
+    keys.extend(
+        svc.ports
+            .iter()
+            .filter_map(|p| Some((None, p.protocol, p.node_port?))),
+    );
+    keys
+}
+
+/// How the objects of one applied table are used.
+#[derive(Debug)]
+pub(super) struct Layout {
+    /// Elements not built for a Service (the Node's addresses), by set: they never change
+    /// without a Node or settings change.
+    pub(super) unowned: BTreeMap<String, BTreeMap<Box<[u8]>, WireElem>>,
+    /// How many elements' verdicts go to each chain.
+    pub(super) verdicts: HashMap<String, usize>,
+    /// Per chain: the objects beyond the fixed ones that its rules reach (itself included if it
+    /// is not fixed).
+    pub(super) reach: HashMap<String, Vec<Object>>,
+    /// Per object beyond the fixed ones: how many chains with verdicts going to them reach it.
+    pub(super) support: HashMap<Object, usize>,
+}
+
+impl Baseline {
+    /// Records what the incremental path needs after a successful full sync of `applied`, built
+    /// from `nodes` and `settings`. `None` when a table is unknown; then every incremental
+    /// attempt goes to the full path.
+    pub(in crate::sync) fn new(
+        applied: &BTreeMap<IpFamily, Option<WireTable>>,
+        settings: &Settings,
+        nodes: &BTreeMap<String, Node>,
+        mut contested: Contested,
+    ) -> Option<Baseline> {
+        // The objects a build holds whatever the Services.
+        let fixed_state = ClusterState {
+            nodes: nodes.clone(),
+            ..ClusterState::default()
+        };
+        let mut fixed: BTreeMap<IpFamily, BTreeSet<Object>> = BTreeMap::new();
+        for table in ruleset::build(&fixed_state, settings).tables {
+            let objects = fixed.entry(table.family).or_default();
+            objects.extend(table.chains.iter().map(|c| Object::Chain(c.name.clone())));
+            objects.extend(table.sets.iter().map(|s| Object::Set(s.name.clone())));
+        }
+
+        let mut families = BTreeMap::new();
+        let mut origins: HashMap<ServiceName, Vec<Arc<ServicePortName>>> = HashMap::new();
+        let mut seen: HashSet<*const ServicePortName, BuildHasherDefault<AddressHasher>> =
+            HashSet::default();
+        // A port's endpoints are neighbours in key order: most elements share the previous
+        // element's origin.
+        let mut last: *const ServicePortName = std::ptr::null();
+        for family in IpFamily::ALL {
+            let table = applied.get(&family)?.as_ref()?;
+            let fixed = fixed.remove(&family).unwrap_or_default();
+            let mut unowned: BTreeMap<String, BTreeMap<Box<[u8]>, WireElem>> = BTreeMap::new();
+            let mut verdicts: HashMap<String, usize> = HashMap::new();
+            for (name, set) in &table.sets {
+                if set.is_dynamic() {
+                    continue;
+                }
+                for (key, elem) in &set.elements {
+                    if let Some(chain) = elem.data.as_ref().and_then(|d| d.chain()) {
+                        match verdicts.get_mut(chain) {
+                            Some(n) => *n += 1,
+                            None => {
+                                verdicts.insert(chain.to_owned(), 1);
+                            }
+                        }
+                    }
+                    let Some(origin) = &elem.origin else {
+                        unowned
+                            .entry(name.clone())
+                            .or_default()
+                            .insert(key.clone(), elem.clone());
+                        continue;
+                    };
+                    let ptr = Arc::as_ptr(origin);
+                    if ptr != last && seen.insert(ptr) {
+                        add_origin(&mut origins, origin);
+                    }
+                    last = ptr;
+                }
+            }
+            let reach = reach(table, &fixed);
+            let mut support: HashMap<Object, usize> = HashMap::new();
+            for (chain, objects) in &reach {
+                if verdicts.get(chain).is_some_and(|n| *n > 0) {
+                    for o in objects {
+                        *support.entry(o.clone()).or_default() += 1;
+                    }
+                }
+            }
+            // An object that no verdict reaches exists because elements were left in its map
+            // (a `pick-<k>` map holding a contested Service's endpoints): whether it stays
+            // depends on those elements' Services, which therefore take the full path, like
+            // contested ones.
+            let mut unreached: BTreeSet<&str> = BTreeSet::new();
+            for (name, objects) in &reach {
+                let chain = Object::Chain(name.clone());
+                if !fixed.contains(&chain) && !support.contains_key(&chain) {
+                    unreached.extend(objects.iter().filter_map(|o| match o {
+                        Object::Set(s) => Some(s.as_str()),
+                        Object::Chain(_) => None,
+                    }));
+                }
+            }
+            for name in table.sets.keys() {
+                let o = Object::Set(name.clone());
+                if !fixed.contains(&o) && !support.contains_key(&o) {
+                    unreached.insert(name);
+                }
+            }
+            for name in unreached {
+                let owners = table.sets.get(name).into_iter().flat_map(|s| {
+                    s.elements
+                        .values()
+                        .filter_map(|e| e.origin.as_ref().map(|o| o.service.clone()))
+                });
+                contested.extend(owners);
+            }
+            families.insert(
+                family,
+                Layout {
+                    unowned,
+                    verdicts,
+                    reach,
+                    support,
+                },
+            );
+        }
+        Some(Baseline {
+            settings: settings.clone(),
+            nodes: nodes.clone(),
+            contested,
+            families,
+            origins,
+            claims: HashMap::new(),
+        })
+    }
+
+    /// Records the claims of `services`, the whole state the full build was made from.
+    pub(in crate::sync) fn with_claims(
+        mut self,
+        services: &BTreeMap<ServiceName, Service>,
+    ) -> Baseline {
+        self.claims.clear();
+        for (name, svc) in services {
+            self.claim(name, svc);
+        }
+        self
+    }
+
+    pub(super) fn claim(&mut self, name: &ServiceName, svc: &Service) {
+        for key in claim_keys(svc) {
+            self.claims.entry(key).or_default().insert(name.clone());
+        }
+    }
+
+    /// The claims of `changed` replaced by those of their versions in `scoped`.
+    pub(super) fn reclaim(&mut self, scoped: &ClusterState, changed: &BTreeSet<ServiceName>) {
+        self.claims.retain(|_, holders| {
+            holders.retain(|h| !changed.contains(h));
+            !holders.is_empty()
+        });
+        for name in changed {
+            if let Some(svc) = scoped.services.get(name) {
+                self.claim(name, svc);
+            }
+        }
+    }
+}
+
+/// Hashes an address with one multiplication: the addresses of the origins are distinct and
+/// attacker-independent, and SipHash per element was a visible part of a full sync.
+#[derive(Default)]
+pub(super) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
+    }
+}
+
+/// Notes `origin` among its Service's origins.
+pub(super) fn add_origin(
+    origins: &mut HashMap<ServiceName, Vec<Arc<ServicePortName>>>,
+    origin: &Arc<ServicePortName>,
+) {
+    match origins.get_mut(&origin.service) {
+        Some(list) => {
+            if !list.iter().any(|o| Arc::ptr_eq(o, origin)) {
+                list.push(origin.clone());
+            }
+        }
+        None => {
+            origins.insert(origin.service.clone(), vec![origin.clone()]);
+        }
+    }
+}
+
+/// The chains and sets the rules of `chain` refer to.
+pub(super) fn references(table: &WireTable, chain: &str) -> Vec<Object> {
+    let Some(c) = table.chains.get(chain) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for rule in &c.rules {
+        for e in &rule.exprs {
+            out.extend(e.set_ref().map(Object::Set));
+            out.extend(e.updated_set().map(Object::Set));
+            out.extend(e.chain_ref().map(Object::Chain));
+        }
+    }
+    out
+}
+
+/// For each chain of `table`: the objects not in `fixed` that its rules reach, directly or
+/// through other chains, itself included when it is not fixed.
+pub(super) fn reach(table: &WireTable, fixed: &BTreeSet<Object>) -> HashMap<String, Vec<Object>> {
+    let mut out = HashMap::new();
+    for name in table.chains.keys() {
+        let mut seen: BTreeSet<Object> = BTreeSet::new();
+        let mut todo = vec![Object::Chain(name.clone())];
+        while let Some(o) = todo.pop() {
+            if !seen.insert(o.clone()) {
+                continue;
+            }
+            if let Object::Chain(c) = &o {
+                todo.extend(references(table, c));
+            }
+        }
+        out.insert(
+            name.clone(),
+            seen.into_iter().filter(|o| !fixed.contains(o)).collect(),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+impl Baseline {
+    /// How the counts maintained incrementally differ from those `fresh` computed from the same
+    /// applied tables (empty when they agree).
+    pub(in crate::sync) fn differences(&self, fresh: &Baseline) -> Vec<String> {
+        let mut out = Vec::new();
+        for (family, mine) in &self.families {
+            let Some(theirs) = fresh.families.get(family) else {
+                out.push(format!("{family}: no fresh layout"));
+                continue;
+            };
+            let verdicts = |m: &HashMap<String, usize>| -> BTreeMap<String, usize> {
+                m.iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(k, n)| (k.clone(), *n))
+                    .collect()
+            };
+            if verdicts(&mine.verdicts) != verdicts(&theirs.verdicts) {
+                out.push(format!(
+                    "{family}: verdict counts {:?} != {:?}",
+                    verdicts(&mine.verdicts),
+                    verdicts(&theirs.verdicts)
+                ));
+            }
+            let support = |m: &HashMap<Object, usize>| -> BTreeMap<Object, usize> {
+                m.iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(k, n)| (k.clone(), *n))
+                    .collect()
+            };
+            if support(&mine.support) != support(&theirs.support) {
+                out.push(format!(
+                    "{family}: support {:?} != {:?}",
+                    support(&mine.support),
+                    support(&theirs.support)
+                ));
+            }
+            if mine.unowned != theirs.unowned {
+                out.push(format!("{family}: unowned elements differ"));
+            }
+        }
+        let addresses = |o: &HashMap<ServiceName, Vec<Arc<ServicePortName>>>| {
+            o.iter()
+                .map(|(n, list)| {
+                    let set: BTreeSet<usize> =
+                        list.iter().map(|a| Arc::as_ptr(a) as usize).collect();
+                    (n.clone(), set)
+                })
+                .collect::<BTreeMap<_, _>>()
+        };
+        if addresses(&self.origins) != addresses(&fresh.origins) {
+            out.push("origins per Service differ".to_string());
+        }
+        out
+    }
+
+    pub(in crate::sync) fn settings_for_tests(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub(in crate::sync) fn nodes_for_tests(&self) -> &BTreeMap<String, Node> {
+        &self.nodes
+    }
+}
