@@ -13,9 +13,11 @@
 //! sync requests over a channel; the async side only decides *when* to sync. Changes are
 //! coalesced: after a change, the next sync starts once `min_sync_period` has passed since the
 //! previous one started, and covers everything that arrived meanwhile. Every `sync_period` a
-//! verification sync reads our tables back (the change sync due then, while changes keep
-//! coming), so drift is repaired within one period. A failed sync
-//! is retried with a verification sync after a backoff capped at `sync_period`.
+//! verification compares the nftables generation with the one our last transaction left and,
+//! if anyone else committed, reads our tables back and rebuilds everything (while changes keep
+//! coming, the change sync due then does it, and stays incremental when nobody else
+//! committed), so drift is repaired within one period. A failed sync is retried with a
+//! verification sync after a backoff capped at `sync_period`.
 //!
 //! A sync costs what changed, not the cluster's size: the watch records which Services changed,
 //! and the sync thread gets only those (with their slices and the Nodes, not a copy of the

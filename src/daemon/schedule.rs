@@ -20,6 +20,10 @@ pub(super) struct Schedule {
     pub(super) verify: bool,
     /// The sync under way is the periodic verification (nothing was pending).
     pub(super) periodic: bool,
+    /// The sync under way verifies only because the sync period came due while changes kept
+    /// coming (not at start-up or after a failure): if nobody else committed since our last
+    /// transaction, the change sync itself is the verification, with no full rebuild.
+    pub(super) due_only: bool,
     pub(super) last_start: Option<Instant>,
     pub(super) retry_at: Option<Instant>,
     pub(super) backoff: Duration,
@@ -35,6 +39,7 @@ impl Schedule {
             pending: true,
             verify: true,
             periodic: false,
+            due_only: false,
             last_start: None,
             retry_at: None,
             backoff: Duration::ZERO,
@@ -67,6 +72,7 @@ impl Schedule {
         // A change sync that falls due after the verification verifies too: under a steady
         // stream of changes (one per sync period is enough) there is never an idle sync, and
         // a table changed by someone else would otherwise never be repaired.
+        self.due_only = !self.periodic && !self.verify && now >= self.next_verify;
         if self.periodic || now >= self.next_verify {
             self.verify = true;
         }
@@ -143,7 +149,7 @@ pub(super) async fn sync_loop(
         // A failed sync is retried verifying, so it always takes the full path too.
         let work = if verify && schedule.periodic && changes == Changes::default() {
             Work::Verify
-        } else if verify || changes.needs_full() {
+        } else if changes.needs_full() || (verify && !schedule.due_only) {
             Work::Full {
                 state: cluster.snapshot(),
                 verify,
@@ -153,6 +159,7 @@ pub(super) async fn sync_loop(
             Work::Changed {
                 scoped: cluster.with_state(|s| s.subset(&changed)),
                 changed,
+                verify,
             }
         };
         if let Some(node) = work.state().and_then(|s| s.nodes.get(&settings.node_name)) {

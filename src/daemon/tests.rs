@@ -107,7 +107,10 @@ fn a_steady_stream_of_changes_still_verifies_every_sync_period() {
             "a change 500 ms after the last sync is due"
         );
         if s.start(now) {
+            assert!(s.due_only, "verifying because the period came due");
             verified.push(now - t0);
+        } else {
+            assert!(!s.due_only);
         }
         assert!(!s.periodic, "a change sync is not a mere verification");
         s.succeeded(now);
@@ -814,7 +817,11 @@ impl Harness {
 
     fn changed(&mut self, changed: BTreeSet<ServiceName>) -> Result<Synced, NftError> {
         let scoped = self.cluster.lock().unwrap().subset(&changed);
-        self.writer.handle(Work::Changed { scoped, changed })
+        self.writer.handle(Work::Changed {
+            scoped,
+            changed,
+            verify: false,
+        })
     }
 
     fn reconciled(&self) -> Calls {
@@ -957,6 +964,42 @@ fn a_changed_request_the_syncer_cannot_do_alone_is_synced_from_a_full_snapshot()
     assert_eq!(synced.no_local[0], (IpFamily::V4, 0, 0));
     assert_caches_match(&h.writer.caches, &st, "after the changed request");
     assert_eq!(h.writer.caches, built(&st));
+}
+
+#[test]
+fn a_change_sync_due_to_verify_stays_incremental_unless_someone_else_committed() {
+    let mut h = Harness::new(dns_and_web("10.0.0.1", "10.0.1.1"));
+    h.full(true).unwrap();
+    let due = |h: &mut Harness, changed: BTreeSet<ServiceName>| {
+        let scoped = h.cluster.lock().unwrap().subset(&changed);
+        h.writer.handle(Work::Changed {
+            scoped,
+            changed,
+            verify: true,
+        })
+    };
+    // Nobody else committed: the change sync is the verification, one Service rebuilt.
+    let changed = h.set(dns_and_web("10.0.0.2", "10.0.1.1"));
+    let quiet = due(&mut h, changed).unwrap();
+    assert_eq!(quiet.kind, SyncKind::Partial);
+    assert_eq!(quiet.rebuilt, 1);
+    assert!(!quiet.outcome.full);
+    // Someone deletes our IPv4 table: the next one syncs everything from a read-back.
+    let key = (IpFamily::V4, "nodeproxy".to_string());
+    h.writer.syncer.kernel().inner.tables_mut().remove(&key);
+    let changed = h.set(dns_and_web("10.0.0.3", "10.0.1.1"));
+    let repaired = due(&mut h, changed).unwrap();
+    assert_eq!(repaired.kind, SyncKind::Full);
+    assert!(repaired.outcome.full, "read back");
+    let fresh = {
+        let mut k = FakeKernel::new();
+        let state = h.cluster.lock().unwrap().clone();
+        let mut settings = h.writer.settings.clone();
+        settings.own_tables = false;
+        crate::nft::sync(&mut k, crate::ruleset::build(&state, &settings)).unwrap();
+        k.tables[&key].clone()
+    };
+    assert_eq!(h.writer.syncer.kernel().inner.tables[&key], fresh);
 }
 
 #[test]

@@ -27,6 +27,9 @@ pub(super) enum Work {
     Changed {
         scoped: ClusterState,
         changed: BTreeSet<ServiceName>,
+        /// The sync period came due: if anyone else committed since our last transaction (or
+        /// a full rebuild is overdue), everything is synced from a read-back instead.
+        verify: bool,
     },
     /// The periodic verification with nothing changed: repair whatever someone else changed.
     /// The sync thread takes a snapshot only if the kernel's ruleset generation says someone
@@ -173,7 +176,14 @@ impl<K: Kernel> Writer<K> {
             Work::Changed { .. } if !self.caches.is_built() => {
                 self.sync_all((self.full_state)(), false)?
             }
-            Work::Changed { scoped, changed } => {
+            Work::Changed { verify: true, .. }
+                if self.rebuild_overdue() || !self.syncer.kernel_unchanged()? =>
+            {
+                self.sync_all((self.full_state)(), true)?
+            }
+            Work::Changed {
+                scoped, changed, ..
+            } => {
                 match self
                     .syncer
                     .sync_changed(&scoped, &changed, &self.settings)?
