@@ -90,6 +90,28 @@ fn failures_back_off_up_to_the_sync_period_and_verify() {
 }
 
 #[test]
+fn a_quiet_verification_does_not_hold_the_next_change_back() {
+    let t0 = Instant::now();
+    let mut s = Schedule::new(cfg(), t0);
+    s.start(t0);
+    s.succeeded(t0);
+    // The periodic verification, nothing pending; it found nothing to do.
+    let tv = s.due(t0);
+    assert!(s.start(tv) && s.periodic);
+    s.succeeded(tv);
+    s.verified_quietly();
+    // A change right after it is due at once: the last sync was a sync period ago.
+    s.changed();
+    assert!(s.due(tv + MS) <= tv + MS);
+    // Whereas after a verification that synced, min_sync_period applies.
+    let tv2 = tv + cfg().sync_period;
+    assert!(s.start(tv2));
+    s.succeeded(tv2);
+    s.changed();
+    assert_eq!(s.due(tv2 + MS), tv2 + cfg().min_sync_period);
+}
+
+#[test]
 fn a_steady_stream_of_changes_still_verifies_every_sync_period() {
     // Found while writing the soak: with a change at least once per sync period no sync was idle,
     // so none read the kernel back and `nft flush ruleset` stayed unrepaired.
