@@ -107,6 +107,23 @@ pub enum DaemonError {
     SyncThread,
 }
 
+impl DaemonError {
+    /// Whether the operator has to fix it (exit 2): the configuration, or no usable way to reach
+    /// the API server (no kubeconfig and not in a pod, a kubeconfig that does not load, a
+    /// `--master` that is not a URL).
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            DaemonError::Config(_)
+                | DaemonError::Client(
+                    WatchError::InCluster { .. }
+                        | WatchError::Kubeconfig { .. }
+                        | WatchError::Master { .. }
+                )
+        )
+    }
+}
+
 fn list_missing(missing: &[Missing]) -> String {
     missing
         .iter()

@@ -124,7 +124,7 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
                 .into());
             }
             nodeproxy::daemon::run(config).map_err(|e| {
-                if oneshot::daemon_error_is_usage(&e) {
+                if e.is_usage() {
                     UsageError(e.into()).into()
                 } else {
                     anyhow::Error::from(e)

@@ -15,7 +15,6 @@ use crate::nft::{self, Kernel as _, NetlinkKernel, NftError};
 use crate::ruleset::eval::EvalError;
 use crate::ruleset::{self, Settings};
 use crate::source::SourceError;
-use crate::source::watch::WatchError;
 use crate::sync;
 
 /// Why a one-shot mode failed. [`ModeError::is_usage`] tells the operator's mistakes (exit 2)
@@ -62,26 +61,11 @@ impl ModeError {
     /// server (exit 2), as opposed to a runtime failure (exit 1).
     pub fn is_usage(&self) -> bool {
         match self {
-            ModeError::Api(e) => daemon_error_is_usage(e),
+            ModeError::Api(e) => e.is_usage(),
             ModeError::Input(_) | ModeError::Empty { .. } | ModeError::Config(_) => true,
             _ => false,
         }
     }
-}
-
-/// Whether a daemon error is the operator's to fix: the configuration, or no usable way to reach
-/// the API server (no kubeconfig and not in a pod, a kubeconfig that does not load, a `--master`
-/// that is not a URL).
-pub fn daemon_error_is_usage(err: &DaemonError) -> bool {
-    matches!(
-        err,
-        DaemonError::Config(_)
-            | DaemonError::Client(
-                WatchError::InCluster { .. }
-                    | WatchError::Kubeconfig { .. }
-                    | WatchError::Master { .. }
-            )
-    )
 }
 
 fn kernel_err(context: &'static str) -> impl FnOnce(NftError) -> ModeError {

@@ -140,28 +140,8 @@ pub fn once<K: Kernel, E: From<NftError>>(
             }
             Err(NftError::Rejected { errors }) => {
                 syncer.note_rejected(&errors);
-                let mut added = false;
-                for e in &errors {
-                    let Some(origin) = &e.origin else { continue };
-                    let name = origin.service.clone();
-                    if syncer.quarantine.contains_key(&name) {
-                        continue;
-                    }
-                    tracing::warn!(
-                        "quarantining Service {name}: the kernel rejected {} {}: {}; it is \
-                         left out of the ruleset",
-                        e.op,
-                        e.object,
-                        e.errno
-                    );
-                    let quarantined = Quarantined {
-                        service: None,
-                        slices: Vec::new(),
-                        reason: e.to_string(),
-                    };
-                    syncer.quarantine.insert(name, quarantined);
-                    added = true;
-                }
+                // The state was dropped after the build; the retry reloads it.
+                let added = syncer.quarantine_rejected(&errors, None);
                 rounds += 1;
                 if !added || rounds >= MAX_QUARANTINE_ROUNDS {
                     return Err(NftError::Rejected { errors }.into());
@@ -199,6 +179,44 @@ impl<K: Kernel> Syncer<K> {
 
     fn note_rejected(&mut self, errors: &[RejectedOp]) {
         self.rejected.extend(errors.iter().map(RejectedOp::kind));
+    }
+
+    /// Quarantines the Services the kernel's `errors` name that are not quarantined yet, recording
+    /// what they looked like in `state` (when the caller still has it) so that a change releases
+    /// them. Returns whether any was added: a rejection that names no new Service cannot be
+    /// resolved by quarantining.
+    fn quarantine_rejected(&mut self, errors: &[RejectedOp], state: Option<&ClusterState>) -> bool {
+        let mut added = false;
+        for e in errors {
+            let Some(origin) = &e.origin else { continue };
+            let name = origin.service.clone();
+            if self.quarantine.contains_key(&name) {
+                continue;
+            }
+            tracing::warn!(
+                "quarantining Service {name}: the kernel rejected {} {}: {}; it is left out of \
+                 the ruleset until it changes",
+                e.op,
+                e.object,
+                e.errno
+            );
+            let quarantined = Quarantined {
+                service: state.and_then(|s| s.services.get(&name).cloned()),
+                slices: state
+                    .map(|s| {
+                        s.slices
+                            .values()
+                            .filter(|sl| sl.service == name)
+                            .cloned()
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                reason: e.to_string(),
+            };
+            self.quarantine.insert(name, quarantined);
+            added = true;
+        }
+        added
     }
 
     /// Services currently excluded, with the reason.
@@ -253,36 +271,7 @@ impl<K: Kernel> Syncer<K> {
                         outcome = SyncOutcome::default();
                         continue;
                     }
-                    let mut added = false;
-                    for e in &errors {
-                        let Some(origin) = &e.origin else { continue };
-                        let name = origin.service.clone();
-                        if self.quarantine.contains_key(&name) {
-                            continue;
-                        }
-                        tracing::warn!(
-                            "quarantining Service {name}: the kernel rejected {} {}: {}; it \
-                             is left out of the ruleset until it changes",
-                            e.op,
-                            e.object,
-                            e.errno
-                        );
-                        let slices = state
-                            .slices
-                            .values()
-                            .filter(|s| s.service == name)
-                            .cloned()
-                            .collect();
-                        self.quarantine.insert(
-                            name.clone(),
-                            Quarantined {
-                                service: state.services.get(&name).cloned(),
-                                slices,
-                                reason: e.to_string(),
-                            },
-                        );
-                        added = true;
-                    }
+                    let added = self.quarantine_rejected(&errors, Some(state));
                     rounds += 1;
                     if !added || rounds >= MAX_QUARANTINE_ROUNDS {
                         // Nothing attributable to a Service (a base object failed): there is

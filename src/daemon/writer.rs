@@ -156,12 +156,11 @@ impl<K: Kernel> Writer<K> {
                 // A verification that falls due while changes keep coming reads back only
                 // when someone else committed, as the idle one does: at 10k Services the
                 // read-back costs more than half a second, every sync period.
-                let verify =
-                    verify && (self.rebuild_overdue() || !self.syncer.kernel_unchanged()?);
+                let verify = verify && self.verification_needs_full()?;
                 self.sync_all(state, verify)?
             }
             Work::Verify => {
-                if self.rebuild_overdue() || !self.syncer.kernel_unchanged()? {
+                if self.verification_needs_full()? {
                     self.sync_all((self.full_state)(), true)?
                 } else {
                     tracing::debug!(
@@ -176,9 +175,7 @@ impl<K: Kernel> Writer<K> {
             Work::Changed { .. } if !self.caches.is_built() => {
                 self.sync_all((self.full_state)(), false)?
             }
-            Work::Changed { verify: true, .. }
-                if self.rebuild_overdue() || !self.syncer.kernel_unchanged()? =>
-            {
+            Work::Changed { verify: true, .. } if self.verification_needs_full()? => {
                 self.sync_all((self.full_state)(), true)?
             }
             Work::Changed {
@@ -230,6 +227,13 @@ impl<K: Kernel> Writer<K> {
             conntrack_deleted,
             address_conflicts: self.address_conflicts,
         })
+    }
+
+    /// Whether a verification must read back and rebuild every Service: someone else committed
+    /// since our last transaction, or a full rebuild is overdue. Otherwise the kernel holds what
+    /// we applied, and one netlink round trip proved it.
+    pub(super) fn verification_needs_full(&mut self) -> Result<bool, NftError> {
+        Ok(self.rebuild_overdue() || !self.syncer.kernel_unchanged()?)
     }
 
     /// Every Service is rebuilt and compared at least every `FULL_REBUILD_PERIOD`.
