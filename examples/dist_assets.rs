@@ -7,9 +7,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use clap::CommandFactory as _;
 use clap_complete::Shell;
-use nodeproxy::cli::Cli;
+use nodeproxy::config::command;
 
 fn main() -> anyhow::Result<()> {
     let out = std::env::args_os()
@@ -20,7 +19,7 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", out.display()))?;
 
     let mut man = Vec::new();
-    clap_mangen::Man::new(Cli::command()).render(&mut man)?;
+    clap_mangen::Man::new(command()).render(&mut man)?;
     write(&out.join("nodeproxy.1"), &man)?;
 
     for (shell, name) in [
@@ -29,7 +28,7 @@ fn main() -> anyhow::Result<()> {
         (Shell::Fish, "nodeproxy.fish"),
     ] {
         let mut script = Vec::new();
-        clap_complete::generate(shell, &mut Cli::command(), "nodeproxy", &mut script);
+        clap_complete::generate(shell, &mut command(), "nodeproxy", &mut script);
         write(&out.join("completions").join(name), &script)?;
     }
 

@@ -344,3 +344,38 @@ fn unclosed_and_stray_markers_are_errors() {
         ]
     );
 }
+
+/// Replaces the text between `<!-- generated: NAME -->` and `<!-- /generated -->` in the file
+/// at `rel` with `content`, or (without `UPDATE_DOCS`) fails when it differs.
+fn check_generated(rel: &str, name: &str, content: &str) {
+    let path = root().join(rel);
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let open = format!("<!-- generated: {name} -->\n");
+    let close = "<!-- /generated -->";
+    let start = doc
+        .find(&open)
+        .unwrap_or_else(|| panic!("{rel} lacks the line `{}`", open.trim_end()))
+        + open.len();
+    let len = doc[start..]
+        .find(close)
+        .unwrap_or_else(|| panic!("{rel}: `{}` is not closed", open.trim_end()));
+    if &doc[start..start + len] == content {
+        return;
+    }
+    if std::env::var_os("UPDATE_DOCS").is_some() {
+        let updated = format!("{}{content}{}", &doc[..start], &doc[start + len..]);
+        let tmp = path.with_extension("md.tmp");
+        std::fs::write(&tmp, updated).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        return;
+    }
+    panic!(
+        "the `{name}` block of {rel} is stale (UPDATE_DOCS=1 cargo test --test docs, then \
+         review); it should be:\n{content}"
+    );
+}
+
+#[test]
+fn the_readme_settings_table_is_generated_from_the_declarations() {
+    check_generated("README.md", "settings", &nodeproxy::config::readme_table());
+}
