@@ -13,6 +13,7 @@
 //! from the declarations.
 
 mod duration;
+mod kube_proxy;
 mod load;
 mod render;
 mod settings;
@@ -212,6 +213,9 @@ pub struct Loaded {
     pub allow_empty: bool,
     /// `--max-input-size`: the most bytes read from each `--from-file` file.
     pub max_input_bytes: u64,
+    /// What the command line or the config file asked for that nodeproxy does not do (kube-proxy
+    /// flags and fields without effect), one line each, to be logged.
+    pub warnings: Vec<String>,
 }
 
 /// `--max-input-size` default.
@@ -241,6 +245,15 @@ pub enum ConfigError {
         valid_keys()
     )]
     UnknownKey { path: PathBuf, keys: Vec<String> },
+    #[error(
+        "kube-proxy config file {}: unknown {} `{}`; KubeProxyConfiguration ({}) has no such \
+         field",
+        .path.display(),
+        if .fields.len() == 1 { "field" } else { "fields" },
+        .fields.join("`, `"),
+        kube_proxy::API_VERSION
+    )]
+    UnknownKubeProxyField { path: PathBuf, fields: Vec<String> },
     /// A value that does not parse or is out of range. `origin` is `Source::describe`.
     #[error("invalid {key} `{}` from {origin}: {expected}", shorten(.value))]
     Invalid {

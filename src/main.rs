@@ -35,7 +35,10 @@ fn main() -> ExitCode {
     };
     init_logging(loaded.config.log_format, loaded.verbosity);
     let env_names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
-    for warning in config::unknown_env_vars(env_names) {
+    for warning in config::unknown_env_vars(env_names)
+        .iter()
+        .chain(&loaded.warnings)
+    {
         tracing::warn!("{warning}");
     }
     match run(&loaded) {

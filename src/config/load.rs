@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use clap::FromArgMatches as _;
 
 use super::duration::format_duration;
+use super::kube_proxy;
 use super::settings::{self, ArgKind, Field};
 use super::values::{Input, single_line};
 use super::{
@@ -84,6 +85,8 @@ pub enum Source {
     Env(String),
     /// The config file at this path.
     File(PathBuf),
+    /// A field of a kube-proxy configuration file.
+    KubeProxyFile { path: PathBuf, field: &'static str },
     /// The built-in default.
     Default,
 }
@@ -97,6 +100,10 @@ impl Source {
             Source::Flag => format!("flag {flag}"),
             Source::Env(var) => format!("env {var}"),
             Source::File(path) => format!("file {}", single_line(&path.to_string_lossy())),
+            Source::KubeProxyFile { path, field } => format!(
+                "kube-proxy config {}: {field}",
+                single_line(&path.to_string_lossy())
+            ),
             Source::Default => "default".to_string(),
         }
     }
@@ -260,11 +267,21 @@ pub(super) fn load_with(
                     .to_string(),
             })?,
     };
+    let mut warnings = kube_proxy::inert_flag_warnings(&matches);
+    let mut verbosity = cli.verbosity();
+    if let Some((_, ConfigFile::KubeProxy(kube))) = &file {
+        warnings.extend(kube.warnings.iter().cloned());
+        // `logging.verbosity` counts only when no -v or --v was given: flags beat the file.
+        if cli.verbose == 0 && cli.v.is_none() {
+            verbosity = kube.verbosity.unwrap_or(0);
+        }
+    }
     Ok(Loaded {
         mode: resolve_mode(&cli)?,
         config,
         provenance,
-        verbosity: cli.verbosity(),
+        verbosity,
+        warnings,
         allow_empty: cli.allow_empty,
         max_input_bytes,
     })
@@ -333,7 +350,10 @@ fn clap_error(error: clap::Error) -> ConfigError {
 
 /// Parses the config file and rejects unknown keys before any value is looked at, so a typo
 /// is reported even when the key would have been shadowed by a flag.
-fn parse_file(path: &Path, text: &str) -> Result<toml::Table, ConfigError> {
+fn parse_file(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
+    if let Some(kube_proxy) = kube_proxy::parse(path, text) {
+        return kube_proxy.map(ConfigFile::KubeProxy);
+    }
     let table: toml::Table =
         text.parse()
             .map_err(|error: toml::de::Error| ConfigError::ParseFile {
@@ -351,7 +371,13 @@ fn parse_file(path: &Path, text: &str) -> Result<toml::Table, ConfigError> {
             keys: unknown,
         });
     }
-    Ok(table)
+    Ok(ConfigFile::Toml(table))
+}
+
+/// A config file, in either format.
+enum ConfigFile {
+    Toml(toml::Table),
+    KubeProxy(kube_proxy::KubeProxyFile),
 }
 
 /// A setting's flag value, in the shape its `ArgKind` gives it.
@@ -376,7 +402,7 @@ fn choose(
     field: Field,
     flag: Option<Input>,
     env: &dyn Fn(&str) -> Option<String>,
-    file: Option<&(PathBuf, toml::Table)>,
+    file: Option<&(PathBuf, ConfigFile)>,
 ) -> Option<(Input, Source)> {
     if let Some(input) = flag {
         return Some((input, Source::Flag));
@@ -385,9 +411,21 @@ fn choose(
     if let Some(value) = env(&var) {
         return Some((Input::Text(value), Source::Env(var)));
     }
-    let (path, table) = file?;
-    let value = table.get(field.key())?;
-    Some((Input::Toml(value.clone()), Source::File(path.clone())))
+    let (path, file) = file?;
+    match file {
+        ConfigFile::Toml(table) => {
+            let value = table.get(field.key())?;
+            Some((Input::Toml(value.clone()), Source::File(path.clone())))
+        }
+        ConfigFile::KubeProxy(kube) => {
+            let (value, field) = kube.values.get(&field)?;
+            let source = Source::KubeProxyFile {
+                path: path.clone(),
+                field,
+            };
+            Some((Input::Toml(value.clone()), source))
+        }
+    }
 }
 
 /// Whether a server bound to `a` takes the port from one bound to `b`: the same address, or

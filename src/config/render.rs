@@ -16,6 +16,7 @@ use crate::cli::Cli;
 pub fn command() -> clap::Command {
     Cli::command()
         .args(Field::ALL.iter().map(|&field| setting_arg(field)))
+        .args(super::kube_proxy::inert_args())
         .after_help(after_help())
 }
 
@@ -32,6 +33,7 @@ fn setting_arg(field: Field) -> Arg {
     let arg = Arg::new(field.key())
         .long(field.flag().trim_start_matches('-').to_string())
         .value_name(spec.value_name)
+        .aliases(spec.kube_flags.iter().copied())
         .help(format!(
             "{} [env: {}{env_note}]{default}",
             field.help(),

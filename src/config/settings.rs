@@ -51,6 +51,27 @@ pub struct Spec {
     pub unset_note: Option<&'static str>,
     /// How the environment variable's value differs from the flag's, if it does.
     pub env_note: Option<&'static str>,
+    /// kube-proxy's other spellings of the flag (`iptables-sync-period`), accepted as aliases.
+    pub kube_flags: &'static [&'static str],
+    /// The `KubeProxyConfiguration` field with the same meaning, if there is one.
+    pub kube_field: Option<KubeField>,
+}
+
+/// A `KubeProxyConfiguration` (v1alpha1) field, by its dotted JSON path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KubeField {
+    pub path: &'static str,
+    /// A pointer field (`*int32` upstream): only `null` means "default", so an explicit 0 is a
+    /// value. Other fields are defaulted when they hold their type's zero value (`""`, `0`,
+    /// `false`, `0s`, `[]`), as kube-proxy's `SetDefaults_KubeProxyConfiguration` does.
+    pub pointer: bool,
+}
+
+const fn kube(path: &'static str) -> Option<KubeField> {
+    Some(KubeField {
+        path,
+        pointer: false,
+    })
 }
 
 const TEXT: Spec = Spec {
@@ -60,6 +81,8 @@ const TEXT: Spec = Spec {
     default_text: None,
     unset_note: None,
     env_note: None,
+    kube_flags: &[],
+    kube_field: None,
 };
 
 /// Declares the settings: `Variant field: Type = default, parser, Spec { … }`, under the
@@ -123,18 +146,19 @@ settings! {
     /// Use this name instead of the host name as the node's name: it decides which endpoints are
     /// local and which Node object is ours (trimmed, lowercased; empty means unset).
     HostnameOverride hostname_override: Option<String> = None, v::hostname,
-        Spec { value_name: "NAME", default_text: Some("host name"),
+        Spec { value_name: "NAME", default_text: Some("host name"), kube_field: kube("hostnameOverride"),
                unset_note: Some("unset: the host name is used"), ..TEXT };
     /// The kubeconfig file used to reach the API server (empty means unset).
     Kubeconfig kubeconfig: Option<PathBuf> = None, v::optional_path,
-        Spec { arg: ArgKind::Path, value_name: "FILE", ..TEXT };
+        Spec { arg: ArgKind::Path, value_name: "FILE", kube_field: kube("clientConnection.kubeconfig"),
+               ..TEXT };
     /// The API server's URL (http:// or https://); overrides the kubeconfig's.
     Master master: Option<String> = None, v::api_url,
         Spec { value_name: "URL", ..TEXT };
     /// Pod network CIDRs, comma-separated, at most one per family (an IPv4,IPv6 pair for
     /// dual-stack). Traffic to ClusterIPs from outside them is masqueraded.
     ClusterCidr cluster_cidr: Vec<IpNet> = Vec::new(), v::pod_cidrs,
-        Spec { value_name: "CIDR[,CIDR]", ..TEXT };
+        Spec { value_name: "CIDR[,CIDR]", kube_field: kube("clusterCIDR"), ..TEXT };
     /// Service IP ranges, comma-separated, at most one per family. Traffic to unallocated IPs
     /// inside them is dropped.
     ServiceCidr service_cidr: Vec<IpNet> = Vec::new(), v::service_cidrs,
@@ -145,23 +169,26 @@ settings! {
     /// --pod-interface-name-prefix); case-insensitive.
     DetectLocalMode detect_local_mode: DetectLocalMode = DetectLocalMode::default_for(&[]),
         v::detect_local_mode,
-        Spec { value_name: "MODE",
+        Spec { value_name: "MODE", kube_field: kube("detectLocalMode"),
                default_text: Some("ClusterCIDR when cluster_cidr is set, else NodeCIDR"), ..TEXT };
     /// The bridge local pods are attached to (for --detect-local-mode=BridgeInterface; 1 to 15
     /// bytes, no '/', ':' or whitespace).
     PodBridgeInterface pod_bridge_interface: Option<String> = None, v::bridge_interface,
-        Spec { value_name: "NAME", ..TEXT };
+        Spec { value_name: "NAME", kube_field: kube("detectLocal.bridgeInterface"), ..TEXT };
     /// The name prefix of local pod interfaces (for --detect-local-mode=InterfaceNamePrefix;
     /// 1 to 15 bytes).
     PodInterfaceNamePrefix pod_interface_name_prefix: Option<String> = None,
         v::interface_prefix,
-        Spec { value_name: "PREFIX", ..TEXT };
+        Spec { value_name: "PREFIX", kube_field: kube("detectLocal.interfaceNamePrefix"), ..TEXT };
     /// Masquerade all traffic to ClusterIPs. Also accepts --masquerade-all=true|false.
     MasqueradeAll masquerade_all: bool = false, v::boolean,
-        Spec { arg: ArgKind::Bool, value_name: "BOOL", ..TEXT };
+        Spec { arg: ArgKind::Bool, value_name: "BOOL", kube_field: kube("nftables.masqueradeAll"),
+               ..TEXT };
     /// The packet mark bit (0..=31) used to flag packets for masquerade.
     MasqueradeBit masquerade_bit: u8 = 14, v::masquerade_bit,
-        Spec { value_name: "N", ..TEXT };
+        Spec { value_name: "N", kube_flags: &["iptables-masquerade-bit"],
+               kube_field: Some(KubeField { path: "nftables.masqueradeBit", pointer: true }),
+               ..TEXT };
     /// Which local addresses answer NodePorts, comma-separated: `primary` (the Node object's
     /// first InternalIP of each family, kube-proxy's nftables default), `all` (any local
     /// address except loopback), and CIDRs (selecting the Node object's InternalIP/ExternalIP
@@ -169,24 +196,30 @@ settings! {
     /// `localhost` is not supported.
     NodePortAddresses nodeport_addresses: NodePortAddresses = NodePortAddresses::default(),
         v::nodeport_addresses,
-        Spec { value_name: "VALUE[,VALUE]", ..TEXT };
+        Spec { value_name: "VALUE[,VALUE]", kube_field: kube("nodePortAddresses"), ..TEXT };
     /// Where the health check server listens; empty disables it.
     HealthzBindAddress healthz_bind_address: Option<SocketAddr> =
         Some(DEFAULT_HEALTHZ_BIND_ADDRESS), v::healthz_address,
-        Spec { value_name: "ADDR:PORT", unset_note: Some("disabled"), ..TEXT };
+        Spec { value_name: "ADDR:PORT", unset_note: Some("disabled"),
+               kube_field: kube("healthzBindAddress"), ..TEXT };
     /// Where the metrics server listens; empty disables it. It must not share the health
     /// check's port.
     MetricsBindAddress metrics_bind_address: Option<SocketAddr> =
         Some(DEFAULT_METRICS_BIND_ADDRESS), v::metrics_address,
-        Spec { value_name: "ADDR:PORT", unset_note: Some("disabled"), ..TEXT };
+        Spec { value_name: "ADDR:PORT", unset_note: Some("disabled"),
+               kube_field: kube("metricsBindAddress"), ..TEXT };
     /// The shortest time between two syncs of the ruleset (at most --sync-period). Durations
     /// are written as kube-proxy writes them: 500ms, 2s, 1h30m, 1.5s, 0.
     MinSyncPeriod min_sync_period: Duration = DEFAULT_MIN_SYNC_PERIOD, v::duration,
-        Spec { arg: ArgKind::Duration, value_name: "DURATION", ..TEXT };
+        Spec { arg: ArgKind::Duration, value_name: "DURATION",
+               kube_flags: &["iptables-min-sync-period"], kube_field: kube("nftables.minSyncPeriod"),
+               ..TEXT };
     /// The longest time between two syncs of the ruleset (> 0); the health check fails after
     /// twice this without a successful sync.
     SyncPeriod sync_period: Duration = DEFAULT_SYNC_PERIOD, v::positive_period,
-        Spec { arg: ArgKind::Duration, value_name: "DURATION", ..TEXT };
+        Spec { arg: ArgKind::Duration, value_name: "DURATION",
+               kube_flags: &["iptables-sync-period"], kube_field: kube("nftables.syncPeriod"),
+               ..TEXT };
     /// The file locked so that only one nodeproxy runs on the node.
     LockFile lock_file: PathBuf = PathBuf::from(DEFAULT_LOCK_FILE), v::lock_file,
         Spec { arg: ArgKind::Path, value_name: "PATH", ..TEXT };
@@ -200,7 +233,8 @@ settings! {
                ..TEXT };
     /// Log format: `text` or `json` (logs go to stderr).
     LogFormat log_format: LogFormat = LogFormat::Text, v::log_format,
-        Spec { value_name: "FORMAT", ..TEXT };
+        Spec { value_name: "FORMAT", kube_flags: &["logging-format"],
+               kube_field: kube("logging.format"), ..TEXT };
     /// nftables table ownership: `auto` (where the kernel supports it, 6.9+: no other process
     /// can change the tables while nodeproxy runs, and they stay when it exits; `nft` before
     /// 1.1 then prints an orphaned table with an empty `flags` line, which `nft -f` cannot load
