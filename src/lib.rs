@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod model;
 pub mod netlink;
 pub mod nft;
+pub mod node_setup;
 pub mod notify;
 pub mod oneshot;
 pub mod ruleset;

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 /// anything.
 const LAYERS: &[&[&str]] = &[
     // Leaves: the validated cluster state, and services that know nothing of it (the netlink
-    // transport shared by nf_tables and ctnetlink among them).
-    &["model", "netlink", "http", "lock", "notify"],
+    // transport shared by nf_tables and ctnetlink among them, and the node's conntrack sysctls).
+    &["model", "netlink", "http", "lock", "notify", "node_setup"],
     // What reads the cluster, the pure desired state, and the metrics registry and server.
     &["source", "ruleset", "metrics"],
     // The kernel's side (nf_tables, ctnetlink), the packet walk's report, health.
