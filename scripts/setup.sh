@@ -3,7 +3,8 @@
 # what its tests use: nft (the test oracle: every rendering must be accepted by
 # `nft -c` and list back identically), iproute2 (network namespaces, veth), socat (endpoint
 # servers and clients in traffic tests) and conntrack (the reconciler tests compare with
-# `conntrack -L`). nodeproxy itself needs none of them at run time.
+# `conntrack -L`), kmod (modprobe nf_conntrack, for the node set-up test). nodeproxy itself needs
+# none of them at run time.
 #
 # With --dist, also what scripts/dist.sh and scripts/test-dist.sh use: objcopy (binutils), python3 (the OCI image writer), cargo-deb and
 # cargo-generate-rpm (the packages), and the tools that test the artifacts: debootstrap and
@@ -25,6 +26,7 @@ command -v socat >/dev/null 2>&1 || need+=(socat)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
+command -v modprobe >/dev/null 2>&1 || need+=(kmod)
 if $dist; then
     command -v objcopy >/dev/null 2>&1 || need+=(binutils)
     command -v python3 >/dev/null 2>&1 || need+=(python3)

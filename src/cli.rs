@@ -14,7 +14,7 @@ use clap::{ArgAction, ArgGroup, Args, Parser, Subcommand};
 use crate::explain::Query;
 
 /// What the process should do, chosen by at most one mode flag or the `explain` subcommand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     /// No mode flag: watch the cluster and keep the kernel in sync.
     Run,
@@ -26,6 +26,10 @@ pub enum Mode {
     Cleanup,
     /// `--print-config`: print the effective configuration with the source of each value.
     PrintConfig,
+    /// `--write-config-to FILE`: write what `--print-config` prints to FILE, then exit.
+    WriteConfig(PathBuf),
+    /// `--init-only`: the privileged node set-up (conntrack sysctls), then exit.
+    InitOnly,
     /// `explain SRC DST:PORT/PROTO`: print the path of one packet through the `--dry-run`
     /// ruleset.
     Explain(Query),
@@ -66,6 +70,17 @@ pub struct Cli {
     /// Print the effective configuration, with the source of each value, then exit.
     #[arg(long, group = "mode")]
     pub print_config: bool,
+
+    /// Write what --print-config prints (nodeproxy's TOML, which --config reads) to FILE, then
+    /// exit.
+    #[arg(long, value_name = "FILE", group = "mode")]
+    pub write_config_to: Option<PathBuf>,
+
+    /// Do the privileged node set-up (the conntrack sysctls) and exit, for a privileged init
+    /// container in front of a main container with only NET_ADMIN. Exits 1 when a setting
+    /// could not be applied.
+    #[arg(long, group = "mode")]
+    pub init_only: bool,
 
     /// Read settings from this TOML file; flags and NODEPROXY_* variables override it.
     /// [env: NODEPROXY_CONFIG]
@@ -134,6 +149,10 @@ impl Cli {
             Mode::Cleanup
         } else if self.print_config {
             Mode::PrintConfig
+        } else if let Some(path) = &self.write_config_to {
+            Mode::WriteConfig(path.clone())
+        } else if self.init_only {
+            Mode::InitOnly
         } else {
             Mode::Run
         }

@@ -31,6 +31,7 @@ pub use crate::cli::Mode;
 use crate::model::IpFamily;
 pub use crate::ruleset::NodePortAddresses;
 use crate::ruleset::{DetectLocal, Settings};
+pub use kube_proxy::migration_tables;
 pub use load::{Provenance, Source, load, unknown_env_vars};
 use load::{describe_unknown_keys, valid_keys};
 pub use render::{command, readme_table, render_default_file, render_effective};
@@ -69,6 +70,19 @@ impl Config {
     /// the sync period.
     pub fn health_timeout(&self) -> Duration {
         self.sync_period.saturating_mul(2)
+    }
+
+    /// The conntrack settings for `node_setup`.
+    pub fn conntrack(&self) -> crate::node_setup::Conntrack {
+        crate::node_setup::Conntrack {
+            max_per_core: self.conntrack_max_per_core,
+            min: self.conntrack_min,
+            tcp_established_timeout: self.conntrack_tcp_timeout_established,
+            tcp_close_wait_timeout: self.conntrack_tcp_timeout_close_wait,
+            tcp_be_liberal: self.conntrack_tcp_be_liberal,
+            udp_timeout: self.conntrack_udp_timeout,
+            udp_stream_timeout: self.conntrack_udp_timeout_stream,
+        }
     }
 
     /// The service CIDR of one family, if given.

@@ -169,6 +169,10 @@ pub fn fetch(config: &Config) -> Result<Loaded, DaemonError> {
 pub fn run(config: &Config) -> Result<(), DaemonError> {
     let lock = lock::acquire(&config.lock_file)?;
     tracing::info!(lock = %lock.path().display(), "took the node lock");
+    // As kube-proxy: each value is written only when it differs, so an unprivileged pod whose
+    // privileged init container (`--init-only`) did the work has nothing to write and gets no
+    // warning; what it cannot write is logged, never fatal.
+    crate::node_setup::set_up_host(&config.conntrack(), config.oom_score_adj);
     let mut kernel = NetlinkKernel::new().map_err(DaemonError::Netlink)?;
     let caps = probe::probe(&mut kernel).map_err(DaemonError::Probe)?;
     if !caps.complete() {

@@ -109,13 +109,19 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
             e.into()
         }
     };
-    match loaded.mode {
+    match &loaded.mode {
         Mode::PrintConfig => {
             print!("{}", config::render_effective(config, &loaded.provenance));
             Ok(())
         }
+        Mode::WriteConfig(path) => {
+            let text = config::render_effective(config, &loaded.provenance);
+            std::fs::write(path, text)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+        }
+        Mode::InitOnly => oneshot::init_only(config).map_err(usage),
         Mode::Cleanup => oneshot::cleanup(config).map_err(usage),
-        Mode::Explain(query) => oneshot::explain(loaded, &query).map_err(usage),
+        Mode::Explain(query) => oneshot::explain(loaded, query).map_err(usage),
         Mode::DryRun => oneshot::dry_run(loaded).map_err(usage),
         Mode::Once => oneshot::once(loaded).map_err(usage),
         Mode::Run => {

@@ -33,8 +33,8 @@ const SYSCTL_REMEDY: &str = "the kernel lets only a privileged process in the ho
     namespace, with /proc/sys and /sys writable, change it: run nodeproxy privileged with \
     hostNetwork (e.g. `nodeproxy --init-only` as a privileged init container), or set it on the \
     host";
-const OOM_REMEDY: &str = "lowering it needs CAP_SYS_RESOURCE: run nodeproxy privileged, or leave \
-    --oom-score-adj unset";
+const OOM_REMEDY: &str = "lowering it needs CAP_SYS_RESOURCE (the packaged unit sets \
+    OOMScoreAdjust=-999 itself; in a pod, kubelet sets it by QoS class)";
 
 /// kube-proxy's `KubeProxyConntrackConfiguration`. A zero leaves the kernel's value, as
 /// upstream does for each field (`max_per_core` 0 leaves both `nf_conntrack_max` and the hash
@@ -312,6 +312,24 @@ pub fn set_oom_score_adj(
 /// `runtime.NumCPU`, which is the affinity count). The affinity count alone undercounts when
 /// the pod is pinned to a few CPUs (static CPU manager policy); `available_parallelism` is
 /// worse still, as it also divides by the cgroup's CPU quota.
+/// The whole set-up on this host: the conntrack settings under `/proc/sys` and `/sys` for the
+/// online CPUs, and this process's `oom_score_adj`. A refused sysctl is a warning in the report
+/// (and logged), never an abort of the rest.
+pub fn set_up_host(conntrack: &Conntrack, oom_score_adj: i32) -> Report {
+    let report = apply(
+        Path::new("/proc/sys"),
+        Path::new("/sys"),
+        online_cpus(),
+        conntrack,
+    );
+    // Not a warning, as in kube-proxy (which logs it at -v=2): a pod without CAP_SYS_RESOURCE
+    // cannot lower its score, and kubelet has already set one by QoS class.
+    if let Err(error) = set_oom_score_adj(Path::new("/proc/self"), oom_score_adj) {
+        tracing::info!("oom_score_adj left as it is: {error}");
+    }
+    report
+}
+
 pub fn online_cpus() -> usize {
     std::fs::read_to_string("/sys/devices/system/cpu/online")
         .ok()

@@ -54,6 +54,8 @@ pub enum ModeError {
     Explain(EvalError),
     #[error("writing the output: {0}")]
     Output(#[source] io::Error),
+    #[error("the node set-up is incomplete: {}", .0.join("; "))]
+    NodeSetup(Vec<String>),
 }
 
 impl ModeError {
@@ -171,6 +173,21 @@ impl From<NftError> for ModeError {
             context: "programming the kernel",
             source,
         }
+    }
+}
+
+/// `--init-only`: the privileged node set-up, as kube-proxy's: the conntrack settings (and the
+/// OOM score), then exit. Any sysctl the kernel refused fails the run, since doing them is this
+/// mode's whole job (a privileged init container that cannot is misconfigured).
+pub fn init_only(config: &config::Config) -> Result<(), ModeError> {
+    let report = crate::node_setup::set_up_host(&config.conntrack(), config.oom_score_adj);
+    if report.warnings.is_empty() {
+        tracing::info!(changed = report.changes.len(), "node set-up done");
+        Ok(())
+    } else {
+        Err(ModeError::NodeSetup(
+            report.warnings.iter().map(ToString::to_string).collect(),
+        ))
     }
 }
 

@@ -379,3 +379,12 @@ fn check_generated(rel: &str, name: &str, content: &str) {
 fn the_readme_settings_table_is_generated_from_the_declarations() {
     check_generated("README.md", "settings", &nodeproxy::config::readme_table());
 }
+
+#[test]
+fn the_migration_guide_lists_every_kube_proxy_flag_and_field_as_the_code_treats_it() {
+    check_generated(
+        "docs/migrating-from-kube-proxy.md",
+        "kube-proxy",
+        &nodeproxy::config::migration_tables(),
+    );
+}

@@ -154,6 +154,19 @@ fn the_daemonset_is_a_host_network_proxy_with_only_net_admin() {
     let args = c.args.clone().unwrap();
     assert!(args.contains(&"--hostname-override=$(NODE_NAME)".to_owned()));
 
+    // The privileged part runs once, before, in an init container of the same image.
+    let init = pod.init_containers.clone().unwrap();
+    assert_eq!(init.len(), 1);
+    assert_eq!(init[0].image, c.image);
+    assert_eq!(init[0].args.clone().unwrap(), ["--init-only"]);
+    assert_eq!(
+        init[0].security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let argv = ["nodeproxy", "--init-only"].map(std::ffi::OsString::from);
+    let loaded = nodeproxy::config::load(argv, &|_| None).unwrap();
+    assert_eq!(loaded.mode, nodeproxy::config::Mode::InitOnly);
+
     // The API server's real address comes from the ConfigMap, not the kubernetes ClusterIP.
     let from = c.env_from.clone().unwrap();
     let map_name = from[0].config_map_ref.as_ref().unwrap().name.clone();

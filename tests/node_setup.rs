@@ -214,3 +214,33 @@ fn describe(e: &NodeSetupError) -> String {
         other => format!("{other:?}"),
     }
 }
+
+/// `nodeproxy --init-only` as a privileged init container runs it: in a fresh network namespace
+/// (`unshare -n`), it sets that namespace's conntrack timeouts and exits 0; the host's values do
+/// not move. `--conntrack-max-per-core=0` keeps it off `nf_conntrack_max`, which only the
+/// initial namespace may change.
+#[test]
+fn init_only_sets_the_namespaces_conntrack_timeouts_and_exits() {
+    ensure_conntrack_loaded();
+    let host = snapshot();
+    let script = format!(
+        "{} --init-only --conntrack-max-per-core=0 --conntrack-tcp-timeout-established=7h \
+         --conntrack-udp-timeout 41s --conntrack-tcp-be-liberal && cat {NETFILTER}/nf_conntrack_tcp_timeout_established \
+         {NETFILTER}/nf_conntrack_udp_timeout {NETFILTER}/nf_conntrack_tcp_be_liberal",
+        env!("CARGO_BIN_EXE_nodeproxy")
+    );
+    let out = Command::new("unshare")
+        .args(["-n", "sh", "-c", &script])
+        .output()
+        .unwrap_or_else(|e| panic!("unshare: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    let values: Vec<&str> = stdout.split_whitespace().collect();
+    assert_eq!(values, ["25200", "41", "1"], "{stderr}");
+    assert!(
+        stderr.contains("nf_conntrack_udp_timeout changed from"),
+        "each change is logged:\n{stderr}"
+    );
+    assert_eq!(snapshot(), host, "the host's values changed");
+}

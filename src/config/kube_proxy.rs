@@ -49,41 +49,6 @@ pub const INERT_FLAGS: &[Inert] = &[
               the kernel is verified every --sync-period",
     },
     Inert {
-        flag: "conntrack-max-per-core",
-        boolean: false,
-        why: "conntrack sysctls are not set by this version",
-    },
-    Inert {
-        flag: "conntrack-min",
-        boolean: false,
-        why: "conntrack sysctls are not set by this version",
-    },
-    Inert {
-        flag: "conntrack-tcp-be-liberal",
-        boolean: true,
-        why: "conntrack sysctls are not set by this version",
-    },
-    Inert {
-        flag: "conntrack-tcp-timeout-close-wait",
-        boolean: false,
-        why: "conntrack sysctls are not set by this version",
-    },
-    Inert {
-        flag: "conntrack-tcp-timeout-established",
-        boolean: false,
-        why: "conntrack sysctls are not set by this version",
-    },
-    Inert {
-        flag: "conntrack-udp-timeout",
-        boolean: false,
-        why: "conntrack sysctls are not set by this version",
-    },
-    Inert {
-        flag: "conntrack-udp-timeout-stream",
-        boolean: false,
-        why: "conntrack sysctls are not set by this version",
-    },
-    Inert {
         flag: "feature-gates",
         boolean: false,
         why: "nodeproxy implements the behaviour of the current release's default gates",
@@ -187,12 +152,6 @@ pub const INERT_FLAGS: &[Inert] = &[
         why: "deprecated in kube-proxy; use --metrics-bind-address",
     },
     Inert {
-        flag: "oom-score-adj",
-        boolean: false,
-        why: "the OOM score is set by the unit (OOMScoreAdjust=-999) or the pod's priority \
-              class",
-    },
-    Inert {
         flag: "profiling",
         boolean: true,
         why: "nodeproxy serves no pprof endpoint",
@@ -224,6 +183,152 @@ pub const INERT_FLAGS: &[Inert] = &[
         why: "Windows only",
     },
 ];
+
+/// Every flag of kube-proxy's `--help` (1.34, Linux, without the generic `-h`), for the
+/// migration table and the test that nodeproxy accepts each.
+pub const KUBE_PROXY_FLAGS: &[&str] = &[
+    "bind-address",
+    "bind-address-hard-fail",
+    "cleanup",
+    "cluster-cidr",
+    "config",
+    "config-sync-period",
+    "conntrack-max-per-core",
+    "conntrack-min",
+    "conntrack-tcp-be-liberal",
+    "conntrack-tcp-timeout-close-wait",
+    "conntrack-tcp-timeout-established",
+    "conntrack-udp-timeout",
+    "conntrack-udp-timeout-stream",
+    "detect-local-mode",
+    "feature-gates",
+    "healthz-bind-address",
+    "hostname-override",
+    "init-only",
+    "iptables-localhost-nodeports",
+    "iptables-masquerade-bit",
+    "iptables-min-sync-period",
+    "iptables-sync-period",
+    "ipvs-exclude-cidrs",
+    "ipvs-min-sync-period",
+    "ipvs-scheduler",
+    "ipvs-strict-arp",
+    "ipvs-sync-period",
+    "ipvs-tcp-timeout",
+    "ipvs-tcpfin-timeout",
+    "ipvs-udp-timeout",
+    "kube-api-burst",
+    "kube-api-content-type",
+    "kube-api-qps",
+    "kubeconfig",
+    "log-flush-frequency",
+    "log-json-info-buffer-size",
+    "log-json-split-stream",
+    "log-text-info-buffer-size",
+    "log-text-split-stream",
+    "logging-format",
+    "masquerade-all",
+    "master",
+    "metrics-bind-address",
+    "nodeport-addresses",
+    "oom-score-adj",
+    "pod-bridge-interface",
+    "pod-interface-name-prefix",
+    "profiling",
+    "proxy-mode",
+    "proxy-port-range",
+    "show-hidden-metrics-for-version",
+    "v",
+    "version",
+    "vmodule",
+    "write-config-to",
+];
+
+/// nodeproxy's own flags that kube-proxy has too, with what they do here.
+const SHARED_MODE_FLAGS: &[(&str, &str)] = &[
+    (
+        "cleanup",
+        "`--cleanup`: removes nodeproxy's tables (`--cleanup-kube-proxy` removes kube-proxy's)",
+    ),
+    (
+        "config",
+        "`--config`: nodeproxy's TOML or kube-proxy's `KubeProxyConfiguration`; flags and the environment still win",
+    ),
+    (
+        "init-only",
+        "`--init-only`: the conntrack sysctls, then exit (1 if one was refused)",
+    ),
+    ("v", "`--v` / `-v`; `NODEPROXY_LOG` takes a tracing filter"),
+    ("version", "`--version` (version, commit, target)"),
+    (
+        "write-config-to",
+        "`--write-config-to`: writes nodeproxy's effective TOML (what `--print-config` prints)",
+    ),
+];
+
+/// What nodeproxy does with a kube-proxy flag, for the migration table.
+fn flag_use(flag: &str) -> String {
+    let long = format!("--{flag}");
+    if let Some(field) = Field::ALL.iter().find(|f| f.flag() == long) {
+        return format!("setting `{}`", field.key());
+    }
+    if let Some(field) = Field::ALL
+        .iter()
+        .find(|f| f.spec().kube_flags.contains(&flag))
+    {
+        return format!("same as `{}` (setting `{}`)", field.flag(), field.key());
+    }
+    if let Some((_, text)) = SHARED_MODE_FLAGS.iter().find(|(f, _)| *f == flag) {
+        return (*text).to_string();
+    }
+    match INERT_FLAGS.iter().find(|i| i.flag == flag) {
+        Some(inert) if flag == "proxy-mode" => {
+            format!("`nftables` accepted; any other mode warns: {}", inert.why)
+        }
+        Some(inert) => format!("accepted, warns, no effect: {}", inert.why),
+        None => "**not accepted**".to_string(),
+    }
+}
+
+/// docs/migrating-from-kube-proxy.md's tables: every kube-proxy flag and every
+/// `KubeProxyConfiguration` field, and what nodeproxy does with it (tests/docs.rs checks the
+/// document holds exactly this).
+pub fn migration_tables() -> String {
+    let mut out = String::from("| kube-proxy flag | nodeproxy |\n|---|---|\n");
+    for flag in KUBE_PROXY_FLAGS {
+        out.push_str(&format!("| `--{flag}` | {} |\n", flag_use(flag)));
+    }
+    let mut fields: Vec<(&str, String)> = Field::ALL
+        .iter()
+        .filter_map(|f| {
+            let kube = f.spec().kube_field?;
+            Some((kube.path, format!("setting `{}`", f.key())))
+        })
+        .chain(INERT_FIELDS.iter().map(|(path, _, why)| {
+            (
+                *path,
+                format!("accepted; warns unless kube-proxy's default: {why}"),
+            )
+        }))
+        .chain([
+            (
+                "mode",
+                "`\"\"` or `nftables`; any other mode warns: nodeproxy always programs nftables"
+                    .to_string(),
+            ),
+            (
+                "logging.verbosity",
+                "`-v` level, unless `-v`/`--v` is given".to_string(),
+            ),
+        ])
+        .collect();
+    fields.sort();
+    out.push_str("\n| `KubeProxyConfiguration` field | nodeproxy |\n|---|---|\n");
+    for (path, meaning) in fields {
+        out.push_str(&format!("| `{path}` | {meaning} |\n"));
+    }
+    out
+}
 
 /// The id of an inert flag's clap argument (distinct from every setting's key).
 fn inert_id(flag: &str) -> String {
@@ -287,7 +392,6 @@ enum Meaning {
 
 const IPTABLES_FIELD: &str = "an iptables-mode field; nodeproxy reads nftables.* (or the flag)";
 const WINDOWS: &str = "Windows only";
-const NO_CONNTRACK: &str = "conntrack sysctls are not set by this version";
 
 /// The fields nodeproxy has no setting for: path, kube-proxy's default (as YAML; a file written
 /// by `kube-proxy --write-config-to` spells every default out, and asking for kube-proxy's
@@ -369,18 +473,6 @@ const INERT_FIELDS: &[(&str, &str, &str)] = &[
     ("winkernel.rootHnsEndpointName", "", WINDOWS),
     ("winkernel.forwardHealthCheckVip", "false", WINDOWS),
     ("windowsRunAsService", "false", WINDOWS),
-    (
-        "oomScoreAdj",
-        "",
-        "the OOM score is set by the unit or the pod's priority class",
-    ),
-    ("conntrack.maxPerCore", "", NO_CONNTRACK),
-    ("conntrack.min", "", NO_CONNTRACK),
-    ("conntrack.tcpEstablishedTimeout", "", NO_CONNTRACK),
-    ("conntrack.tcpCloseWaitTimeout", "", NO_CONNTRACK),
-    ("conntrack.tcpBeLiberal", "false", NO_CONNTRACK),
-    ("conntrack.udpTimeout", "0s", NO_CONNTRACK),
-    ("conntrack.udpStreamTimeout", "0s", NO_CONNTRACK),
     (
         "configSyncPeriod",
         "15m",

@@ -384,7 +384,7 @@ enum ConfigFile {
 fn flag_input(matches: &clap::ArgMatches, field: Field) -> Option<Input> {
     let id = field.key();
     match field.spec().arg {
-        ArgKind::Text | ArgKind::Bool | ArgKind::Duration => {
+        ArgKind::Text | ArgKind::Bool | ArgKind::Signed => {
             matches.get_one::<String>(id).cloned().map(Input::Text)
         }
         ArgKind::Path => matches

@@ -47,7 +47,7 @@ fn setting_arg(field: Field) -> Arg {
             .num_args(0..=1)
             .require_equals(true)
             .default_missing_value("true"),
-        ArgKind::Duration => arg
+        ArgKind::Signed => arg
             .value_parser(value_parser!(String))
             .allow_hyphen_values(true),
         ArgKind::Path => arg.value_parser(value_parser!(std::ffi::OsString)),

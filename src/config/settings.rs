@@ -27,9 +27,9 @@ pub enum ArgKind {
     /// `--flag` alone means true; `--flag=false` is the only way to give a value, so a bare
     /// boolean flag never swallows the next word (kube-proxy's boolean flags behave so too).
     Bool,
-    /// A duration: values starting with `-` reach the parser, whose error says durations cannot
-    /// be negative.
-    Duration,
+    /// A value that may start with `-`: a signed number, or a duration (whose parser then says
+    /// durations cannot be negative) rather than clap's "unexpected argument".
+    Signed,
     /// One path; empty is allowed (it means unset), which clap's `PathBuf` parser rejects.
     Path,
     /// A repeatable path (`--from-file A --from-file B`; comma-separated in the environment).
@@ -71,6 +71,13 @@ const fn kube(path: &'static str) -> Option<KubeField> {
     Some(KubeField {
         path,
         pointer: false,
+    })
+}
+
+const fn pointer(path: &'static str) -> Option<KubeField> {
+    Some(KubeField {
+        path,
+        pointer: true,
     })
 }
 
@@ -187,7 +194,7 @@ settings! {
     /// The packet mark bit (0..=31) used to flag packets for masquerade.
     MasqueradeBit masquerade_bit: u8 = 14, v::masquerade_bit,
         Spec { value_name: "N", kube_flags: &["iptables-masquerade-bit"],
-               kube_field: Some(KubeField { path: "nftables.masqueradeBit", pointer: true }),
+               kube_field: pointer("nftables.masqueradeBit"),
                ..TEXT };
     /// Which local addresses answer NodePorts, comma-separated: `primary` (the Node object's
     /// first InternalIP of each family, kube-proxy's nftables default), `all` (any local
@@ -211,18 +218,60 @@ settings! {
     /// The shortest time between two syncs of the ruleset (at most --sync-period). Durations
     /// are written as kube-proxy writes them: 500ms, 2s, 1h30m, 1.5s, 0.
     MinSyncPeriod min_sync_period: Duration = DEFAULT_MIN_SYNC_PERIOD, v::duration,
-        Spec { arg: ArgKind::Duration, value_name: "DURATION",
+        Spec { arg: ArgKind::Signed, value_name: "DURATION",
                kube_flags: &["iptables-min-sync-period"], kube_field: kube("nftables.minSyncPeriod"),
                ..TEXT };
     /// The longest time between two syncs of the ruleset (> 0); the health check fails after
     /// twice this without a successful sync.
     SyncPeriod sync_period: Duration = DEFAULT_SYNC_PERIOD, v::positive_period,
-        Spec { arg: ArgKind::Duration, value_name: "DURATION",
+        Spec { arg: ArgKind::Signed, value_name: "DURATION",
                kube_flags: &["iptables-sync-period"], kube_field: kube("nftables.syncPeriod"),
                ..TEXT };
     /// The file locked so that only one nodeproxy runs on the node.
     LockFile lock_file: PathBuf = PathBuf::from(DEFAULT_LOCK_FILE), v::lock_file,
         Spec { arg: ArgKind::Path, value_name: "PATH", ..TEXT };
+    /// nf_conntrack_max per CPU: the table is raised to this times the CPUs (at most 1048576),
+    /// or to --conntrack-min if that is more; 0 leaves it and the hash size alone. Applied at
+    /// start-up and by --init-only, written only when it would grow.
+    ConntrackMaxPerCore conntrack_max_per_core: u32 = 32 * 1024, v::count,
+        Spec { value_name: "N", kube_field: pointer("conntrack.maxPerCore"), ..TEXT };
+    /// The least nf_conntrack_max to set, whatever the CPU count (with
+    /// --conntrack-max-per-core > 0).
+    ConntrackMin conntrack_min: u32 = 128 * 1024, v::count,
+        Spec { value_name: "N", kube_field: pointer("conntrack.min"), ..TEXT };
+    /// nf_conntrack_tcp_timeout_established: how long an idle established TCP connection is
+    /// tracked; 0 leaves the kernel's value.
+    ConntrackTcpTimeoutEstablished conntrack_tcp_timeout_established: Duration =
+        Duration::from_secs(24 * 3600), v::duration,
+        Spec { arg: ArgKind::Signed, value_name: "DURATION",
+               kube_field: pointer("conntrack.tcpEstablishedTimeout"), ..TEXT };
+    /// nf_conntrack_tcp_timeout_close_wait: how long a TCP connection in CLOSE_WAIT is
+    /// tracked; 0 leaves the kernel's value.
+    ConntrackTcpTimeoutCloseWait conntrack_tcp_timeout_close_wait: Duration =
+        Duration::from_secs(3600), v::duration,
+        Spec { arg: ArgKind::Signed, value_name: "DURATION",
+               kube_field: pointer("conntrack.tcpCloseWaitTimeout"), ..TEXT };
+    /// Set nf_conntrack_tcp_be_liberal, so that out-of-window TCP packets are not marked
+    /// INVALID. Also accepts --conntrack-tcp-be-liberal=true|false.
+    ConntrackTcpBeLiberal conntrack_tcp_be_liberal: bool = false, v::boolean,
+        Spec { arg: ArgKind::Bool, value_name: "BOOL", kube_field: kube("conntrack.tcpBeLiberal"),
+               ..TEXT };
+    /// nf_conntrack_udp_timeout: how long an unreplied UDP flow is tracked; 0 leaves the
+    /// kernel's value.
+    ConntrackUdpTimeout conntrack_udp_timeout: Duration = Duration::ZERO, v::duration,
+        Spec { arg: ArgKind::Signed, value_name: "DURATION",
+               kube_field: kube("conntrack.udpTimeout"), ..TEXT };
+    /// nf_conntrack_udp_timeout_stream: how long an assured UDP flow is tracked; 0 leaves the
+    /// kernel's value.
+    ConntrackUdpTimeoutStream conntrack_udp_timeout_stream: Duration = Duration::ZERO,
+        v::duration,
+        Spec { arg: ArgKind::Signed, value_name: "DURATION",
+               kube_field: kube("conntrack.udpStreamTimeout"), ..TEXT };
+    /// The process's oom_score_adj (-1000..=1000), set at start-up when it differs; lowering
+    /// it needs CAP_SYS_RESOURCE, and a refusal is a warning.
+    OomScoreAdj oom_score_adj: i32 = -999, v::oom_score_adj,
+        Spec { arg: ArgKind::Signed, value_name: "N", kube_field: pointer("oomScoreAdj"),
+               ..TEXT };
     /// Remove what kube-proxy programmed. Also accepts --cleanup-kube-proxy=true|false.
     CleanupKubeProxy cleanup_kube_proxy: bool = false, v::boolean,
         Spec { arg: ArgKind::Bool, value_name: "BOOL", ..TEXT };

@@ -436,6 +436,31 @@ pub fn duration(input: &Input) -> Result<Duration, String> {
     parse_duration(&text)
 }
 
+/// An integer within `range`, from text or a TOML integer.
+fn integer(input: &Input, range: std::ops::RangeInclusive<i64>, what: &str) -> Result<i64, String> {
+    let expected = || format!("must be {what} from {} to {}", range.start(), range.end());
+    let value = match input {
+        Input::Text(text) => text.trim().parse().ok(),
+        Input::Toml(toml::Value::Integer(value)) => Some(*value),
+        Input::Toml(other) => {
+            return Err(format!("{}; found a {}", expected(), toml_type(other)));
+        }
+        Input::Paths(_) => None,
+    };
+    value.filter(|v| range.contains(v)).ok_or_else(expected)
+}
+
+/// A count (kube-proxy's int32 flags: at most 2^31 - 1).
+pub fn count(input: &Input) -> Result<u32, String> {
+    let value = integer(input, 0..=i64::from(i32::MAX), "an integer")?;
+    u32::try_from(value).map_err(|e| e.to_string())
+}
+
+pub fn oom_score_adj(input: &Input) -> Result<i32, String> {
+    let value = integer(input, -1000..=1000, "an oom_score_adj")?;
+    i32::try_from(value).map_err(|e| e.to_string())
+}
+
 pub fn hostname(input: &Input) -> Result<Option<String>, String> {
     let name = super::normalize_hostname(&scalar_text(input, "a string")?);
     if !name.is_empty() {
@@ -581,6 +606,8 @@ to_toml! {
     PathBuf => |v| text(v.to_string_lossy());
     bool => |v| toml::Value::Boolean(*v);
     u8 => |v| toml::Value::Integer(i64::from(*v));
+    u32 => |v| toml::Value::Integer(i64::from(*v));
+    i32 => |v| toml::Value::Integer(i64::from(*v));
     Duration => |v| text(format_duration(*v));
     IpNet => |v| text(v.to_string());
     SocketAddr => |v| text(v.to_string());

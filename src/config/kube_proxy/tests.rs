@@ -200,23 +200,23 @@ fn ipvs_mode_leftovers_load_with_one_warning_each() {
             "  masqueradeAll: false\n  masqueradeBit: null\n  minSyncPeriod: 0s\n  syncPeriod: 0s\nipvs",
             "  masqueradeAll: true\n  masqueradeBit: null\n  minSyncPeriod: 0s\n  syncPeriod: 0s\nipvs",
         ),
-        ("oomScoreAdj: null", "oomScoreAdj: -999"),
+        ("oomScoreAdj: null", "oomScoreAdj: -500"),
     ]);
     let loaded = ok(&[], &[], &text);
     let warnings = loaded.warnings.join("\n");
-    assert_eq!(loaded.warnings.len(), 5, "{warnings}");
+    assert_eq!(loaded.warnings.len(), 4, "{warnings}");
     for needle in [
         "mode: ipvs has no effect",
         "ipvs.scheduler has no effect in nodeproxy: nodeproxy has no IPVS mode",
         "ipvs.strictARP",
         "iptables.masqueradeAll has no effect in nodeproxy: an iptables-mode field; nodeproxy \
          reads nftables.*",
-        "oomScoreAdj",
     ] {
         assert!(warnings.contains(needle), "{needle}\n{warnings}");
     }
     // The iptables field does not turn on nodeproxy's masquerade-all.
     assert!(!loaded.config.masquerade_all);
+    assert_eq!(loaded.config.oom_score_adj, -500);
 }
 
 #[test]
@@ -341,4 +341,66 @@ fn every_kube_proxy_flag_is_accepted_and_an_inert_one_warns_once_naming_itself()
     // A flag kube-proxy does not have is still a usage error.
     let error = run(&["--iptables-sync-perod", "1s"], &[], "").unwrap_err();
     assert_eq!(error.exit_code(), 2);
+}
+
+#[test]
+fn conntrack_fields_map_and_an_explicit_zero_pointer_is_a_value() {
+    let text = kubeadm_with(&[
+        ("  maxPerCore: null", "  maxPerCore: 0"),
+        (
+            "  tcpEstablishedTimeout: null",
+            "  tcpEstablishedTimeout: 12h0m0s",
+        ),
+        ("  tcpBeLiberal: false", "  tcpBeLiberal: true"),
+        (
+            "  udpTimeout: 0s\ndetectLocal",
+            "  udpTimeout: 30s\ndetectLocal",
+        ),
+    ]);
+    let loaded = ok(&[], &[], &text);
+    assert_eq!(loaded.warnings, Vec::<String>::new());
+    let conntrack = loaded.config.conntrack();
+    assert_eq!(
+        conntrack.max_per_core, 0,
+        "maxPerCore: 0 leaves nf_conntrack_max alone"
+    );
+    assert_eq!(conntrack.min, 131_072);
+    assert_eq!(
+        conntrack.tcp_established_timeout,
+        std::time::Duration::from_secs(12 * 3600)
+    );
+    assert!(conntrack.tcp_be_liberal);
+    assert_eq!(conntrack.udp_timeout, std::time::Duration::from_secs(30));
+    assert_eq!(
+        *loaded.provenance.of(Field::ConntrackMaxPerCore),
+        kube_source("conntrack.maxPerCore")
+    );
+    // kubeadm's null keeps kube-proxy's defaults.
+    let conntrack = ok(&[], &[], KUBEADM).config.conntrack();
+    assert_eq!(conntrack, nodeproxy_default_conntrack());
+}
+
+fn nodeproxy_default_conntrack() -> crate::node_setup::Conntrack {
+    crate::node_setup::Conntrack::default()
+}
+
+#[test]
+fn every_flag_of_kube_proxys_help_is_a_flag_of_nodeproxy() {
+    let command = super::super::command();
+    let longs: Vec<String> = command
+        .get_arguments()
+        .flat_map(|arg| {
+            arg.get_long()
+                .into_iter()
+                .chain(arg.get_all_aliases().unwrap_or_default())
+                .map(str::to_string)
+        })
+        .chain(["version".to_string()])
+        .collect();
+    for flag in super::KUBE_PROXY_FLAGS {
+        assert!(longs.iter().any(|l| l == flag), "--{flag} is not accepted");
+        assert!(!super::flag_use(flag).contains("not accepted"), "--{flag}");
+    }
+    let tables = super::migration_tables();
+    assert!(!tables.contains("not accepted"), "{tables}");
 }
