@@ -461,6 +461,7 @@ fn without(state: &ClusterState, excluded: impl Fn(&ServiceName) -> bool) -> Clu
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         nodes: state.nodes.clone(),
+        service_cidrs: state.service_cidrs.clone(),
     }
 }
 

@@ -8,7 +8,7 @@ mod fakeapi;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use fakeapi::{FakeApi, Kind, node, service, slice};
+use fakeapi::{FakeApi, Kind, node, service, service_cidr, slice};
 use nodeproxy::model::{ClusterState, ServiceName};
 use nodeproxy::source::watch::{self, ClusterWatch, Timeouts, WatchError, WatchOptions};
 use tokio::time::{Instant, timeout};
@@ -452,6 +452,66 @@ async fn bookmarks_let_a_watch_resume_after_compaction_without_a_relist() {
         lists,
         "resumed from the bookmark, no relist"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_cidrs_are_watched_and_a_change_asks_for_a_full_sync() {
+    let api = FakeApi::start().await;
+    api.apply(Kind::Node, node(NODE, "192.0.2.10"));
+    api.apply(
+        Kind::ServiceCidr,
+        service_cidr("kubernetes", &["10.96.0.0/16", "fd00:10:96::/108"]),
+    );
+    // Wider than any service range: refused, not turned into a drop of half the world.
+    api.apply(Kind::ServiceCidr, service_cidr("evil", &["0.0.0.0/1"]));
+    let mut w = start(&api).await;
+    ready(&w).await;
+    let state = w.snapshot();
+    assert_eq!(
+        state.service_cidrs.keys().collect::<Vec<_>>(),
+        ["kubernetes"],
+        "{:?}",
+        w.rejected()
+    );
+    assert!(
+        w.rejected()
+            .iter()
+            .any(|r| r.object == "ServiceCIDR evil" && r.field == "spec.cidrs[0]")
+    );
+    w.take_changes();
+
+    api.apply(Kind::ServiceCidr, service_cidr("extra", &["10.97.0.0/16"]));
+    eventually(&mut w, "the new ServiceCIDR is seen", |s| {
+        s.service_cidrs.contains_key("extra")
+    })
+    .await;
+    let changes = w.take_changes();
+    assert_eq!(changes.service_cidrs, 1);
+    assert!(
+        changes.needs_full(),
+        "the drop of unallocated addresses is global"
+    );
+    api.delete(Kind::ServiceCidr, "", "extra");
+    eventually(&mut w, "the ServiceCIDR is gone", |s| {
+        !s.service_cidrs.contains_key("extra")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_without_service_cidrs_does_not_hold_readiness_back() {
+    let api = FakeApi::start().await;
+    api.remove_resource(Kind::ServiceCidr);
+    api.apply(Kind::Service, service("ns", "web", "10.96.0.10", 80));
+    api.apply(Kind::Node, node(NODE, "192.0.2.10"));
+    let w = start(&api).await;
+    ready(&w).await;
+    assert_eq!(service_names(&w.snapshot()), ["web"]);
+    assert!(w.snapshot().service_cidrs.is_empty());
+    // Probed once, never watched: no retry loop against a resource that does not exist.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(api.count(Kind::ServiceCidr, true), 0);
+    assert_eq!(api.count(Kind::ServiceCidr, false), 1);
 }
 
 #[tokio::test]

@@ -167,7 +167,7 @@ settings! {
     ClusterCidr cluster_cidr: Vec<IpNet> = Vec::new(), v::pod_cidrs,
         Spec { value_name: "CIDR[,CIDR]", kube_field: kube("clusterCIDR"), ..TEXT };
     /// Service IP ranges, comma-separated, at most one per family. Traffic to unallocated IPs
-    /// inside them is dropped.
+    /// inside them is dropped. Unset: the cluster's ServiceCIDR objects give them.
     ServiceCidr service_cidr: Vec<IpNet> = Vec::new(), v::service_cidrs,
         Spec { value_name: "CIDR[,CIDR]", ..TEXT };
     /// How traffic from local pods is recognised: ClusterCIDR (source in --cluster-cidr),

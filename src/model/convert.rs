@@ -527,10 +527,12 @@ fn ip_field(ctx: &Ctx, field: &str, raw: &str) -> Result<IpAddr, Rejected> {
 
 mod node;
 mod parse;
+mod service_cidr;
 mod slice;
 
 pub use node::node;
 pub use parse::{parse_cidr, parse_ip};
+pub use service_cidr::service_cidr;
 use slice::dropped_report;
 pub use slice::{endpoint_slice, endpoint_slice_noting};
 

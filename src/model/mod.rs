@@ -296,6 +296,9 @@ pub struct ClusterState {
     pub slices: BTreeMap<ServiceName, EndpointSlice>,
     /// Nodes by name (the proxy uses only its own).
     pub nodes: BTreeMap<String, Node>,
+    /// ServiceCIDR objects by name: the ranges ClusterIPs are allocated from (at most one per
+    /// family each). `--service-cidr`, when given, replaces them.
+    pub service_cidrs: BTreeMap<String, Vec<ipnet::IpNet>>,
 }
 
 /// An API object that failed validation: it does not exist downstream.
@@ -366,7 +369,7 @@ impl ClusterState {
     }
 
     /// The part of the state that the ruleset elements of `services` are built from: those
-    /// Services (the ones that exist), all their EndpointSlices, and every Node. Building it
+    /// Services (the ones that exist), all their EndpointSlices, every Node and ServiceCIDR. Building it
     /// costs one pass over the slices, not a copy of the cluster.
     pub fn subset(&self, services: &BTreeSet<ServiceName>) -> ClusterState {
         ClusterState {
@@ -381,6 +384,7 @@ impl ClusterState {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             nodes: self.nodes.clone(),
+            service_cidrs: self.service_cidrs.clone(),
         }
     }
 }

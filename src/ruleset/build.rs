@@ -89,7 +89,6 @@ use claims::note_clashes;
 pub use claims::{AddressKind, Claim, Claims, Clash};
 pub use diagnostics::{address_warnings, diagnostics};
 use layout::*;
-use settings::first_of;
 pub use settings::{DetectLocal, NodePortAddresses, Settings};
 
 /// Elements of one set; sorted and de-duplicated by [`finish`] once collected.

@@ -1,5 +1,5 @@
-//! The API source: kube-runtime watchers on Services, EndpointSlices and this Node, kept as a
-//! validated [`ClusterState`] that a sync loop reads.
+//! The API source: kube-runtime watchers on Services, EndpointSlices, this Node and the
+//! ServiceCIDRs, kept as a validated [`ClusterState`] that a sync loop reads.
 //!
 //! Guarantees, each one a production failure otherwise:
 //! - **Nothing partial.** [`ClusterWatch::ready`] resolves only after each of the three watches has
@@ -22,7 +22,8 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
-use kube::api::Api;
+use k8s_openapi::api::networking::v1 as networking;
+use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::utils::Backoff;
@@ -79,6 +80,8 @@ pub struct Changes {
     pub endpoint_slices: u64,
     /// Changes to this Node.
     pub nodes: u64,
+    /// ServiceCIDRs added, changed or removed.
+    pub service_cidrs: u64,
     /// `endpoints.kubernetes.io/last-change-trigger-time` of the changed EndpointSlices, by the
     /// Service they belong to. Only times after the watch started are kept (like kube-proxy),
     /// so that the initial list does not report the age of every slice as programming latency.
@@ -95,9 +98,9 @@ pub struct Changes {
 impl Changes {
     /// Whether only a sync of every Service covers these changes: too many to track, or a change
     /// to the Node, which every Service's rules depend on (NodePort addresses, local endpoints,
-    /// topology).
+    /// topology), or to a ServiceCIDR (the drop of unallocated service addresses).
     pub fn needs_full(&self) -> bool {
-        self.full || self.nodes > 0
+        self.full || self.nodes > 0 || self.service_cidrs > 0
     }
 
     /// Adds `other` to these changes (changes taken for a sync that failed count for the retry).
@@ -105,6 +108,7 @@ impl Changes {
         self.services += other.services;
         self.endpoint_slices += other.endpoint_slices;
         self.nodes += other.nodes;
+        self.service_cidrs += other.service_cidrs;
         for (svc, times) in other.trigger_times {
             self.trigger_times.entry(svc).or_default().extend(times);
         }
@@ -143,11 +147,12 @@ fn tracking_limit(services: usize) -> usize {
 /// memory without bound.
 const MAX_TRIGGER_TIMES_PER_SERVICE: usize = 16;
 
-/// The three watched kinds, as bits of the "has listed" mask.
+/// The watched kinds, as bits of the "has listed" mask.
 const LISTED_SERVICES: u8 = 1;
 const LISTED_SLICES: u8 = 2;
 const LISTED_NODE: u8 = 4;
-const LISTED_ALL: u8 = LISTED_SERVICES | LISTED_SLICES | LISTED_NODE;
+const LISTED_SERVICE_CIDRS: u8 = 8;
+const LISTED_ALL: u8 = LISTED_SERVICES | LISTED_SLICES | LISTED_NODE | LISTED_SERVICE_CIDRS;
 
 /// State shared between the watcher tasks and the [`ClusterWatch`] handle.
 struct Shared {
@@ -202,7 +207,7 @@ impl Drop for ClusterWatch {
     }
 }
 
-/// Starts the Service, EndpointSlice and Node watches with the default options. Must be called
+/// Starts the Service, EndpointSlice, Node and ServiceCIDR watches with the default options. Must be called
 /// within a tokio runtime.
 pub fn spawn(client: Client, node_name: String) -> ClusterWatch {
     spawn_with(client, node_name, WatchOptions::default())
@@ -232,12 +237,13 @@ pub fn spawn_with(client: Client, node_name: String, options: WatchOptions) -> C
         None,
     );
     let node = run::<core::Node>(
-        Api::all(client),
-        base.fields(&format!("metadata.name={node_name}")),
+        Api::all(client.clone()),
+        base.clone().fields(&format!("metadata.name={node_name}")),
         options,
         shared.clone(),
         Some(node_name),
     );
+    let service_cidrs = run_service_cidrs(Api::all(client), base, options, shared.clone());
     ClusterWatch {
         shared,
         generation: generation_rx,
@@ -246,6 +252,7 @@ pub fn spawn_with(client: Client, node_name: String, options: WatchOptions) -> C
             tokio::spawn(services),
             tokio::spawn(slices),
             tokio::spawn(node),
+            tokio::spawn(service_cidrs),
         ],
     }
 }
@@ -451,6 +458,58 @@ impl Kind for core::Node {
     }
     fn service_of(_model: &model::Node) -> Option<ServiceName> {
         None
+    }
+}
+
+impl Kind for networking::ServiceCIDR {
+    type Key = String;
+    type Model = Vec<ipnet::IpNet>;
+    const NAME: &'static str = "ServiceCIDR";
+    const LISTED: u8 = LISTED_SERVICE_CIDRS;
+    fn key(obj: &Self) -> Option<String> {
+        obj.meta().name.clone()
+    }
+    fn convert(
+        obj: &Self,
+        _dropped: &mut Vec<Rejected>,
+    ) -> Result<Option<Vec<ipnet::IpNet>>, Rejected> {
+        convert::service_cidr(obj).map(|(_, cidrs)| Some(cidrs))
+    }
+    fn map(state: &ClusterState) -> &BTreeMap<String, Vec<ipnet::IpNet>> {
+        &state.service_cidrs
+    }
+    fn map_mut(state: &mut ClusterState) -> &mut BTreeMap<String, Vec<ipnet::IpNet>> {
+        &mut state.service_cidrs
+    }
+    fn counter(changes: &mut Changes) -> &mut u64 {
+        &mut changes.service_cidrs
+    }
+    fn service_of(_model: &Vec<ipnet::IpNet>) -> Option<ServiceName> {
+        None
+    }
+}
+
+/// The ServiceCIDR watch, unless the API server has no such resource (before Kubernetes 1.33,
+/// or with the MultiCIDRServiceAllocator API disabled): then there are none, `--service-cidr`
+/// is all there is, and the kind counts as listed so that the other watches are not held back.
+/// Any other answer to the probe (the API server down, a timeout) leaves it to the watch, which
+/// retries as the others do.
+async fn run_service_cidrs(
+    api: Api<networking::ServiceCIDR>,
+    config: watcher::Config,
+    options: WatchOptions,
+    shared: Arc<Shared>,
+) {
+    match api.list_metadata(&ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            tracing::info!(
+                "the API server has no ServiceCIDR resource (networking.k8s.io/v1, Kubernetes \
+                 1.33+): unallocated service addresses are dropped only inside --service-cidr"
+            );
+            shared.listed.send_modify(|m| *m |= LISTED_SERVICE_CIDRS);
+            shared.bump();
+        }
+        _ => run::<networking::ServiceCIDR>(api, config, options, shared, None).await,
     }
 }
 

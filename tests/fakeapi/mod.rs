@@ -34,6 +34,7 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    ServiceCidr,
 }
 
 impl Kind {
@@ -42,6 +43,7 @@ impl Kind {
             "/api/v1/services" => Some(Kind::Service),
             "/apis/discovery.k8s.io/v1/endpointslices" => Some(Kind::EndpointSlice),
             "/api/v1/nodes" => Some(Kind::Node),
+            "/apis/networking.k8s.io/v1/servicecidrs" => Some(Kind::ServiceCidr),
             _ => None,
         }
     }
@@ -51,12 +53,14 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 
     fn api_version(self) -> &'static str {
         match self {
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::ServiceCidr => "networking.k8s.io/v1",
             Kind::Service | Kind::Node => "v1",
         }
     }
@@ -88,6 +92,8 @@ struct Inner {
     silence_epoch: u64,
     /// Kinds whose lists (and watches) wait until released.
     held: BTreeSet<Kind>,
+    /// Kinds the server does not have (404), as an older API server lacks ServiceCIDR.
+    missing: BTreeSet<Kind>,
     /// Every request line received (`GET /path?query`).
     requests: Vec<String>,
     /// Bookmarks written, by kind.
@@ -339,6 +345,11 @@ impl FakeApi {
         open
     }
 
+    /// Serves 404 for `kind` from now on, as an API server without that resource does.
+    pub fn remove_resource(&self, kind: Kind) {
+        self.shared.inner.lock().unwrap().missing.insert(kind);
+    }
+
     /// Lists and watches of `kind` wait until [`FakeApi::release`].
     pub fn hold(&self, kind: Kind) {
         self.shared.inner.lock().unwrap().held.insert(kind);
@@ -474,7 +485,8 @@ async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
         return;
     }
     let (path, query) = split_target(&target);
-    let Some(kind) = Kind::from_path(path) else {
+    let missing = |k: &Kind| shared.inner.lock().unwrap().missing.contains(k);
+    let Some(kind) = Kind::from_path(path).filter(|k| !missing(k)) else {
         let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
             "message": format!("the fake API server does not serve {path}"), "reason": "NotFound", "code": 404});
         respond(&mut stream, "404 Not Found", &body).await;
@@ -710,6 +722,11 @@ pub fn slice(namespace: &str, name: &str, service: &str, addrs: &[&str], port: u
         "ports": [{"port": port, "protocol": "TCP"}],
         "endpoints": endpoints
     })
+}
+
+/// A ServiceCIDR with these ranges.
+pub fn service_cidr(name: &str, cidrs: &[&str]) -> Value {
+    json!({"metadata": {"name": name}, "spec": {"cidrs": cidrs}})
 }
 
 /// A Node with one InternalIP.

@@ -776,3 +776,47 @@ fn cidr_parsing_clears_host_bits_and_reads_leading_zeros() {
     assert_eq!(parse_cidr("192.0.2.0/"), None);
     assert_eq!(parse_cidr("192.0.2.0"), None);
 }
+
+fn service_cidr_obj(cidrs: &[&str]) -> k8s_openapi::api::networking::v1::ServiceCIDR {
+    k8s_openapi::api::networking::v1::ServiceCIDR {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("kubernetes".into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::networking::v1::ServiceCIDRSpec {
+            cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()),
+        }),
+        status: None,
+    }
+}
+
+#[test]
+fn a_service_cidr_takes_one_range_per_family_and_refuses_ranges_no_service_network_has() {
+    let (name, cidrs) =
+        service_cidr(&service_cidr_obj(&["10.96.0.0/12", "fd00:10:96::/108"])).unwrap();
+    assert_eq!(name, "kubernetes");
+    assert_eq!(
+        cidrs,
+        [
+            "10.96.0.0/12".parse::<ipnet::IpNet>().unwrap(),
+            "fd00:10:96::/108".parse().unwrap()
+        ]
+    );
+    for (bad, why) in [
+        ("0.0.0.0/0", "wider than /8"),
+        ("10.0.0.0/7", "wider than /8"),
+        ("fd00::/48", "wider than /64"),
+        ("127.0.0.0/8", "loopback"),
+        ("224.0.0.0/8", "loopback, multicast"),
+        ("fe80::/64", "link-local"),
+        ("ten/8", "not a CIDR"),
+    ] {
+        let r = service_cidr(&service_cidr_obj(&[bad])).unwrap_err();
+        assert_eq!(r.object, "ServiceCIDR kubernetes", "{bad}");
+        assert_eq!(r.field, "spec.cidrs[0]", "{bad}");
+        assert!(r.reason.contains(why), "{bad}: {}", r.reason);
+    }
+    let r = service_cidr(&service_cidr_obj(&["10.96.0.0/16", "10.97.0.0/16"])).unwrap_err();
+    assert_eq!(r.field, "spec.cidrs[1]");
+    assert!(r.reason.contains("same family"), "{}", r.reason);
+}

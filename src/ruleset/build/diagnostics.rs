@@ -65,18 +65,24 @@ pub fn diagnostics(state: &ClusterState, settings: &Settings) -> Vec<String> {
 /// full sync, `--dry-run`, `--once` and `explain` with [`diagnostics`].
 pub fn address_warnings(state: &ClusterState, settings: &Settings) -> Vec<String> {
     let mut out = Vec::new();
-    if !settings.service_cidrs.is_empty() {
+    let ranges = settings.service_ranges(state);
+    // Named as the operator gave them: the flag, or the cluster's objects.
+    let source = if settings.service_cidrs.is_empty() {
+        "the ServiceCIDRs"
+    } else {
+        "--service-cidr"
+    };
+    if !ranges.is_empty() {
         for svc in state.services.values() {
             for ip in &svc.cluster_ips {
                 let family = IpFamily::of(ip);
-                let of_family: Vec<_> = settings
-                    .service_cidrs
+                let of_family: Vec<_> = ranges
                     .iter()
                     .filter(|c| IpFamily::of(&c.addr()) == family)
                     .collect();
                 if !of_family.is_empty() && !of_family.iter().any(|c| c.contains(ip)) {
                     out.push(format!(
-                        "Service {}: ClusterIP {ip} is outside --service-cidr ({}): the API \
+                        "Service {}: ClusterIP {ip} is outside {source} ({}): the API \
                          server allocates ClusterIPs inside it; is the flag or the object wrong?",
                         svc.name,
                         of_family

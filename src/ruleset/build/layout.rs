@@ -303,7 +303,11 @@ pub(super) fn build_table(
         in_set(vec![KeyField::Daddr], names::CLUSTER_IPS),
         Stmt::Reject,
     ]];
-    if let Some(cidr) = first_of(&settings.service_cidrs, family) {
+    for cidr in settings
+        .service_ranges(state)
+        .into_iter()
+        .filter(|c| IpFamily::of(&c.addr()) == family)
+    {
         // An address of the service range that no Service holds: nothing will ever answer,
         // so drop rather than let the packet wander off to the default route.
         cluster_ips_check.push(vec![

@@ -134,7 +134,20 @@ impl Settings {
     }
 }
 
-pub(super) fn first_of(nets: &[IpNet], family: IpFamily) -> Option<IpNet> {
+impl Settings {
+    /// The service ranges: `--service-cidr` when given, else those of the cluster's ServiceCIDR
+    /// objects (sorted, without repeats), as kube-proxy's nftables mode takes them.
+    pub fn service_ranges(&self, state: &ClusterState) -> Vec<IpNet> {
+        if !self.service_cidrs.is_empty() {
+            return self.service_cidrs.clone();
+        }
+        let ranges: std::collections::BTreeSet<IpNet> =
+            state.service_cidrs.values().flatten().copied().collect();
+        ranges.into_iter().collect()
+    }
+}
+
+fn first_of(nets: &[IpNet], family: IpFamily) -> Option<IpNet> {
     nets.iter()
         .copied()
         .find(|net| IpFamily::of(&net.addr()) == family)

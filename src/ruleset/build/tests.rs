@@ -241,3 +241,41 @@ fn ipv4_only_services_leave_the_ipv6_table_empty_of_elements() {
 fn build_is_deterministic() {
     assert_eq!(build(&state(), &settings()), build(&state(), &settings()));
 }
+
+#[test]
+fn service_ranges_are_the_flags_else_every_service_cidr_objects() {
+    let mut state = ClusterState::default();
+    state.service_cidrs.insert(
+        "kubernetes".into(),
+        vec![
+            "10.96.0.0/16".parse().unwrap(),
+            "fd00:10:96::/108".parse().unwrap(),
+        ],
+    );
+    state
+        .service_cidrs
+        .insert("extension".into(), vec!["10.97.0.0/16".parse().unwrap()]);
+    // The same range twice (two objects) is one range.
+    state
+        .service_cidrs
+        .insert("again".into(), vec!["10.97.0.0/16".parse().unwrap()]);
+    let mut s = settings();
+    s.service_cidrs = Vec::new();
+    let ranges: Vec<String> = s
+        .service_ranges(&state)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(ranges, ["10.96.0.0/16", "10.97.0.0/16", "fd00:10:96::/108"]);
+    s.service_cidrs = vec!["10.100.0.0/16".parse().unwrap()];
+    let ranges: Vec<String> = s
+        .service_ranges(&state)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        ranges,
+        ["10.100.0.0/16"],
+        "--service-cidr replaces the objects"
+    );
+}

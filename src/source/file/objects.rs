@@ -9,6 +9,7 @@ pub(super) enum Kind {
     Service,
     EndpointSlice,
     Node,
+    ServiceCidr,
 }
 
 impl Kind {
@@ -17,6 +18,7 @@ impl Kind {
             "Service" => Some(Kind::Service),
             "EndpointSlice" => Some(Kind::EndpointSlice),
             "Node" => Some(Kind::Node),
+            "ServiceCIDR" => Some(Kind::ServiceCidr),
             _ => None,
         }
     }
@@ -25,6 +27,7 @@ impl Kind {
         match self {
             Kind::Service | Kind::Node => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::ServiceCidr => "networking.k8s.io/v1",
         }
     }
 
@@ -33,6 +36,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 }
@@ -66,6 +70,7 @@ pub(super) enum Outcome {
     Service(model::Service),
     Slice(model::EndpointSlice),
     Node(model::Node),
+    ServiceCidr(String, Vec<ipnet::IpNet>),
     /// Valid but not used, for this reason.
     Ignored(&'static str),
     Rejected(Rejected),
@@ -127,6 +132,16 @@ impl Object<'_> {
                     Err(r) => self.reject(r),
                 }
             }
+            Kind::ServiceCidr => {
+                let obj = match decode::<networking::ServiceCIDR>(value, self.label()) {
+                    Ok(obj) => obj,
+                    Err(r) => return Outcome::Rejected(r),
+                };
+                match convert::service_cidr(&obj) {
+                    Ok((name, cidrs)) => Outcome::ServiceCidr(name, cidrs),
+                    Err(r) => self.reject(r),
+                }
+            }
         }
     }
 }
@@ -140,7 +155,7 @@ pub(super) fn read_item(origin: Origin<'_>, value: Value) -> Entry<'_> {
     let mut object = Object {
         origin,
         kind,
-        name: object_name(&value, kind == Kind::Node),
+        name: object_name(&value, matches!(kind, Kind::Node | Kind::ServiceCidr)),
         outcome: Outcome::Ignored(""),
         dropped: Vec::new(),
     };
@@ -204,6 +219,9 @@ pub(super) fn assemble(mut entries: Vec<Option<Entry<'_>>>) -> Loaded {
             Outcome::Node(n) => {
                 loaded.state.nodes.insert(n.name.clone(), n);
             }
+            Outcome::ServiceCidr(name, cidrs) => {
+                loaded.state.service_cidrs.insert(name, cidrs);
+            }
             Outcome::Ignored(why) => loaded.ignored.push(format!("{}: {why}", object.label())),
             Outcome::Rejected(r) => loaded.rejected.push(r),
         }
@@ -233,7 +251,8 @@ pub(super) fn classify(origin: &Origin<'_>, value: &Value) -> Result<Kind, Repor
         return Err(reject(
             "kind",
             map.get("kind").map(abbreviate).unwrap_or_default(),
-            "missing or not a string; valid: Service, EndpointSlice, Node (others are ignored)",
+            "missing or not a string; valid: Service, EndpointSlice, Node, ServiceCIDR (others \
+             are ignored)",
         ));
     };
     let api_version = map
@@ -369,6 +388,14 @@ impl Schema for core::Node {
             .or_else(|| part::<ObjectMeta>(v, &["metadata"], "metadata"))
             .or_else(|| part::<core::NodeSpec>(v, &["spec"], "spec"))
             .or_else(|| part::<core::NodeStatus>(v, &["status"], "status"))
+            .or_else(|| pinpoint::<Self>(v, ""))
+    }
+}
+
+impl Schema for networking::ServiceCIDR {
+    fn locate(v: &Value) -> Option<(String, String, String)> {
+        part::<ObjectMeta>(v, &["metadata"], "metadata")
+            .or_else(|| part::<networking::ServiceCIDRSpec>(v, &["spec"], "spec"))
             .or_else(|| pinpoint::<Self>(v, ""))
     }
 }
