@@ -78,6 +78,7 @@ fn poll_control(api: &FakeApi, dir: &Path) -> anyhow::Result<()> {
             "services" => Some(Kind::Service),
             "endpointslices" => Some(Kind::EndpointSlice),
             "nodes" => Some(Kind::Node),
+            "servicecidrs" => Some(Kind::ServiceCidr),
             _ => None,
         };
         if let Some(kind) = name.strip_prefix("hold-").and_then(kind) {
@@ -95,7 +96,7 @@ fn poll_control(api: &FakeApi, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Applies every Service, EndpointSlice and Node of a YAML file (several documents, or `List`s).
+/// Applies every Service, EndpointSlice, Node and ServiceCIDR of a YAML file (several documents, or `List`s).
 fn apply_file(api: &FakeApi, path: &Path) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -115,6 +116,7 @@ fn apply_file(api: &FakeApi, path: &Path) -> anyhow::Result<()> {
                 Some("Service") => Kind::Service,
                 Some("EndpointSlice") => Kind::EndpointSlice,
                 Some("Node") => Kind::Node,
+                Some("ServiceCIDR") => Kind::ServiceCidr,
                 Some(_) | None => continue,
             };
             api.apply(kind, item);
