@@ -72,6 +72,14 @@ impl Config {
         self.sync_period.saturating_mul(2)
     }
 
+    /// The API client's request rate.
+    pub fn request_rate(&self) -> crate::source::watch::RequestRate {
+        crate::source::watch::RequestRate {
+            qps: self.kube_api_qps.0,
+            burst: self.kube_api_burst,
+        }
+    }
+
     /// The conntrack settings for `node_setup`.
     pub fn conntrack(&self) -> crate::node_setup::Conntrack {
         crate::node_setup::Conntrack {
@@ -157,6 +165,13 @@ pub enum TableOwnership {
     Auto,
     Off,
 }
+
+/// `--kube-api-qps`: requests per second, a positive finite number (the parser checks), so
+/// equality by value is an equivalence.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Qps(pub f64);
+
+impl Eq for Qps {}
 
 /// `--log-format`: how log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,7 +42,7 @@ use tokio::sync::{oneshot, watch as tokio_watch};
 use crate::config::{Config, ConfigError, TableOwnership};
 use crate::conntrack::{self, ConntrackError, UdpService};
 use crate::health::{self, HealthCheckServers, ProxyHealth};
-use crate::http::{Handler, HttpServer};
+use crate::http::{Handler, HttpError, HttpServer};
 use crate::lock::{self, LockError};
 use crate::metrics::{self, Metrics, PolicyKind, SyncKind};
 use crate::model::{ClusterState, IpFamily, ServiceName};
@@ -105,6 +105,12 @@ pub enum DaemonError {
     },
     #[error("the sync thread stopped unexpectedly")]
     SyncThread,
+    #[error("{what} server (--bind-address-hard-fail): {source}")]
+    Bind {
+        what: &'static str,
+        #[source]
+        source: HttpError,
+    },
 }
 
 impl DaemonError {
@@ -150,7 +156,12 @@ fn runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
 pub fn fetch(config: &Config) -> Result<Loaded, DaemonError> {
     let node_name = config.node_name()?;
     runtime()?.block_on(async {
-        let client = watch::client(config.kubeconfig.as_deref(), config.master.as_deref()).await?;
+        let client = watch::client(
+            config.kubeconfig.as_deref(),
+            config.master.as_deref(),
+            config.request_rate(),
+        )
+        .await?;
         let cluster = watch::spawn(client, node_name);
         tracing::info!("waiting for the API server's Services, EndpointSlices and Node");
         cluster.ready().await;
@@ -270,7 +281,12 @@ async fn run_async(
     let (shutdown_tx, shutdown_rx) = tokio_watch::channel(false);
     watch_signals(shutdown_tx)?;
 
-    let client = watch::client(config.kubeconfig.as_deref(), config.master.as_deref()).await?;
+    let client = watch::client(
+        config.kubeconfig.as_deref(),
+        config.master.as_deref(),
+        config.request_rate(),
+    )
+    .await?;
     let mut cluster = watch::spawn(client, settings.node_name.clone());
 
     let health = ProxyHealth::new(config.health_timeout());
@@ -281,23 +297,14 @@ async fn run_async(
     }
     let metrics = Metrics::new();
     let mut servers = Vec::new();
+    let hard_fail = config.bind_address_hard_fail;
     if let Some(addr) = config.healthz_bind_address {
         let handler = health::healthz_handler(health.clone(), metrics.clone());
-        servers.push(tokio::spawn(serve(
-            "healthz",
-            addr,
-            handler,
-            shutdown_rx.clone(),
-        )));
+        servers.push(start_server("healthz", addr, handler, &shutdown_rx, hard_fail).await?);
     }
     if let Some(addr) = config.metrics_bind_address {
         let handler = metrics::handler(metrics.clone());
-        servers.push(tokio::spawn(serve(
-            "metrics",
-            addr,
-            handler,
-            shutdown_rx.clone(),
-        )));
+        servers.push(start_server("metrics", addr, handler, &shutdown_rx, hard_fail).await?);
     }
 
     // The watchdog reads the writer's progress (see `notify`); started before the first sync so
@@ -395,6 +402,28 @@ async fn stopped(mut rx: tokio_watch::Receiver<bool>) {
 /// address) and retried every [`REBIND_DELAY`], and is not fatal: the rules matter more than
 /// their observability, and kube-proxy behaves the same way. `/healthz` failing to bind shows
 /// up as a failing health probe, which is the right signal for the operator.
+/// Starts one server: with `hard_fail` (kube-proxy's `--bind-address-hard-fail`) a port that
+/// cannot be bound ends the daemon, before anything is programmed; otherwise see [`serve`].
+async fn start_server(
+    what: &'static str,
+    addr: SocketAddr,
+    handler: Handler,
+    shutdown: &tokio_watch::Receiver<bool>,
+    hard_fail: bool,
+) -> Result<tokio::task::JoinHandle<()>, DaemonError> {
+    if !hard_fail {
+        return Ok(tokio::spawn(serve(what, addr, handler, shutdown.clone())));
+    }
+    let server = HttpServer::bind(addr, handler)
+        .await
+        .map_err(|source| DaemonError::Bind { what, source })?;
+    tracing::info!(%addr, "serving {what}");
+    let shutdown = shutdown.clone();
+    Ok(tokio::spawn(async move {
+        server.run(stopped(shutdown)).await;
+    }))
+}
+
 async fn serve(
     what: &'static str,
     addr: SocketAddr,

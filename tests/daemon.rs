@@ -744,3 +744,55 @@ fn a_service_claiming_another_services_cluster_ip_is_warned_counted_and_kept_out
         );
     });
 }
+
+#[test]
+fn bind_address_hard_fail_ends_the_daemon_when_its_health_port_is_taken() {
+    in_netns(|| {
+        let env = Env::new("hardfail");
+        env.populate();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let log = env.dir.join("hardfail.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+            .arg("--kubeconfig")
+            .arg(env.api.kubeconfig())
+            .args(["--hostname-override", NODE, "--bind-address-hard-fail"])
+            .arg("--lock-file")
+            .arg(env.dir.join("nodeproxy.lock"))
+            .args(["--healthz-bind-address", &format!("127.0.0.1:{port}")])
+            .args(["--metrics-bind-address", ""])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "still running with its health port taken:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(status.code(), Some(1), "{text}");
+        assert!(
+            text.contains("healthz server (--bind-address-hard-fail)")
+                && text.contains(&format!("127.0.0.1:{port}")),
+            "{text}"
+        );
+        assert_eq!(
+            table(),
+            None,
+            "nothing is programmed before the servers are up"
+        );
+        drop(taken);
+        drop(env);
+    });
+}

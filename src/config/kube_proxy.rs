@@ -38,11 +38,6 @@ pub const INERT_FLAGS: &[Inert] = &[
         why: "nodeproxy takes the node's primary addresses from its Node object",
     },
     Inert {
-        flag: "bind-address-hard-fail",
-        boolean: true,
-        why: "a health or metrics server that cannot bind is logged and retried, never fatal",
-    },
-    Inert {
         flag: "config-sync-period",
         boolean: false,
         why: "nodeproxy's watches do not re-list on a timer; they resume after an error, and \
@@ -105,21 +100,9 @@ pub const INERT_FLAGS: &[Inert] = &[
         why: NO_IPVS,
     },
     Inert {
-        flag: "kube-api-burst",
-        boolean: false,
-        why: "nodeproxy's requests are one list and watch per resource, with no request rate \
-              to limit",
-    },
-    Inert {
         flag: "kube-api-content-type",
         boolean: false,
         why: "nodeproxy talks JSON to the API server",
-    },
-    Inert {
-        flag: "kube-api-qps",
-        boolean: false,
-        why: "nodeproxy's requests are one list and watch per resource, with no request rate \
-              to limit",
     },
     Inert {
         flag: "log-flush-frequency",
@@ -413,16 +396,6 @@ const INERT_FIELDS: &[(&str, &str, &str)] = &[
         "application/vnd.kubernetes.protobuf",
         "nodeproxy talks JSON to the API server",
     ),
-    (
-        "clientConnection.qps",
-        "5",
-        "nodeproxy's requests are one list and watch per resource",
-    ),
-    (
-        "clientConnection.burst",
-        "10",
-        "nodeproxy's requests are one list and watch per resource",
-    ),
     ("logging.flushFrequency", "5s", UNBUFFERED),
     (
         "logging.vmodule",
@@ -437,11 +410,6 @@ const INERT_FIELDS: &[(&str, &str, &str)] = &[
         "bindAddress",
         "0.0.0.0",
         "nodeproxy takes the node's primary addresses from its Node object",
-    ),
-    (
-        "bindAddressHardFail",
-        "false",
-        "a server that cannot bind is logged and retried, never fatal",
     ),
     (
         "enableProfiling",

@@ -16,7 +16,7 @@ use super::values::{self as v, Input, ToToml as _};
 use super::{
     DEFAULT_HEALTHZ_BIND_ADDRESS, DEFAULT_LOCK_FILE, DEFAULT_METRICS_BIND_ADDRESS,
     DEFAULT_MIN_SYNC_PERIOD, DEFAULT_SYNC_PERIOD, DetectLocalMode, LogFormat, NodePortAddresses,
-    TableOwnership,
+    Qps, TableOwnership,
 };
 
 /// How a setting's flag takes its value on the command line.
@@ -162,6 +162,13 @@ settings! {
     /// The API server's URL (http:// or https://); overrides the kubeconfig's.
     Master master: Option<String> = None, v::api_url,
         Spec { value_name: "URL", ..TEXT };
+    /// The average rate of requests to the API server (per second, > 0), as kube-proxy's
+    /// client; its watches take one request each, Events one each.
+    KubeApiQps kube_api_qps: Qps = Qps(5.0), v::qps,
+        Spec { value_name: "QPS", kube_field: kube("clientConnection.qps"), ..TEXT };
+    /// How many requests to the API server may go out at once before --kube-api-qps applies.
+    KubeApiBurst kube_api_burst: u32 = 10, v::burst,
+        Spec { value_name: "N", kube_field: kube("clientConnection.burst"), ..TEXT };
     /// Pod network CIDRs, comma-separated, at most one per family (an IPv4,IPv6 pair for
     /// dual-stack). Traffic to ClusterIPs from outside them is masqueraded.
     ClusterCidr cluster_cidr: Vec<IpNet> = Vec::new(), v::pod_cidrs,
@@ -215,6 +222,11 @@ settings! {
         Some(DEFAULT_METRICS_BIND_ADDRESS), v::metrics_address,
         Spec { value_name: "ADDR:PORT", unset_note: Some("disabled"),
                kube_field: kube("metricsBindAddress"), ..TEXT };
+    /// Exit when the health check or metrics server cannot bind its address, instead of
+    /// logging it and retrying. Also accepts --bind-address-hard-fail=true|false.
+    BindAddressHardFail bind_address_hard_fail: bool = false, v::boolean,
+        Spec { arg: ArgKind::Bool, value_name: "BOOL", kube_field: kube("bindAddressHardFail"),
+               ..TEXT };
     /// The shortest time between two syncs of the ruleset (at most --sync-period). Durations
     /// are written as kube-proxy writes them: 500ms, 2s, 1h30m, 1.5s, 0.
     MinSyncPeriod min_sync_period: Duration = DEFAULT_MIN_SYNC_PERIOD, v::duration,

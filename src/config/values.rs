@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use super::duration::{format_duration, parse_duration};
 use super::{
     DEFAULT_HEALTHZ_BIND_ADDRESS, DEFAULT_LOCK_FILE, DEFAULT_METRICS_BIND_ADDRESS, DetectLocalMode,
-    LogFormat, NodePortAddresses, TableOwnership,
+    LogFormat, NodePortAddresses, Qps, TableOwnership,
 };
 
 /// A raw value before validation, in the shape its source gives it.
@@ -456,6 +456,26 @@ pub fn count(input: &Input) -> Result<u32, String> {
     u32::try_from(value).map_err(|e| e.to_string())
 }
 
+pub fn qps(input: &Input) -> Result<Qps, String> {
+    const EXPECTED: &str = "must be a positive number of requests per second, e.g. 5 or 0.5";
+    let value = match input {
+        Input::Text(text) => text.trim().parse::<f64>().ok(),
+        Input::Toml(toml::Value::Float(value)) => Some(*value),
+        Input::Toml(toml::Value::Integer(value)) => Some(*value as f64),
+        Input::Toml(other) => return Err(format!("{EXPECTED}; found a {}", toml_type(other))),
+        Input::Paths(_) => None,
+    };
+    value
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(Qps)
+        .ok_or_else(|| EXPECTED.to_string())
+}
+
+pub fn burst(input: &Input) -> Result<u32, String> {
+    let value = integer(input, 1..=i64::from(i32::MAX), "a number of requests")?;
+    u32::try_from(value).map_err(|e| e.to_string())
+}
+
 pub fn oom_score_adj(input: &Input) -> Result<i32, String> {
     let value = integer(input, -1000..=1000, "an oom_score_adj")?;
     i32::try_from(value).map_err(|e| e.to_string())
@@ -609,6 +629,7 @@ to_toml! {
     u32 => |v| toml::Value::Integer(i64::from(*v));
     i32 => |v| toml::Value::Integer(i64::from(*v));
     Duration => |v| text(format_duration(*v));
+    Qps => |v| toml::Value::Float(v.0);
     IpNet => |v| text(v.to_string());
     SocketAddr => |v| text(v.to_string());
     DetectLocalMode => |v| text(v.as_str());

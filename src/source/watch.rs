@@ -46,9 +46,11 @@ pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
 
 mod applier;
 mod client;
+mod ratelimit;
 
 use applier::*;
 pub use client::{Timeouts, WatchError, client, client_from, config};
+pub use ratelimit::RequestRate;
 
 /// How the watches behave; the defaults are for production, tests shorten them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

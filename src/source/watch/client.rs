@@ -109,12 +109,22 @@ pub async fn config(
 }
 
 /// An API client from `--kubeconfig` / in-cluster config / `--master` (see [`config`]), with the
-/// default [`Timeouts`].
-pub async fn client(kubeconfig: Option<&Path>, master: Option<&str>) -> Result<Client, WatchError> {
-    client_from(config(kubeconfig, master, &Timeouts::default()).await?)
+/// default [`Timeouts`], its requests limited to `rate`.
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    master: Option<&str>,
+    rate: RequestRate,
+) -> Result<Client, WatchError> {
+    let config = config(kubeconfig, master, &Timeouts::default()).await?;
+    let url = config.cluster_url.to_string();
+    let builder = kube::client::ClientBuilder::try_from(config)
+        .map_err(|source| WatchError::Client { url, source })?;
+    Ok(builder
+        .with_layer(&super::ratelimit::RateLimitLayer::new(rate))
+        .build())
 }
 
-/// An API client from a configuration built by [`config`].
+/// An API client from a configuration built by [`config`], without a rate limit (tests).
 pub fn client_from(config: kube::Config) -> Result<Client, WatchError> {
     let url = config.cluster_url.to_string();
     Client::try_from(config).map_err(|source| WatchError::Client { url, source })

@@ -1,0 +1,143 @@
+//! `--kube-api-qps` / `--kube-api-burst`: a token bucket in front of every request the API client
+//! sends, as client-go's rate limiter is in front of kube-proxy's.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// The request rate: `qps` on average, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestRate {
+    pub qps: f64,
+    pub burst: u32,
+}
+
+/// Tokens refill at `qps` up to `burst`; a request takes one, and when none is left it waits
+/// for the time the deficit takes to refill. Waiting requests reserve their token at once, so
+/// the order of the waits is the order of the requests.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    rate: RequestRate,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    pub(crate) fn new(rate: RequestRate, now: Instant) -> Bucket {
+        Bucket {
+            rate,
+            tokens: f64::from(rate.burst),
+            last: now,
+        }
+    }
+
+    /// Takes a token at `now`; returns how long the request must wait for it.
+    pub(crate) fn reserve(&mut self, now: Instant) -> Duration {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now.max(self.last);
+        self.tokens = (self.tokens + elapsed * self.rate.qps).min(f64::from(self.rate.burst));
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 || self.rate.qps <= 0.0 {
+            Duration::ZERO
+        } else {
+            // A deficit of a day would mean a broken clock or a misconfiguration: never wait
+            // longer than a minute.
+            Duration::try_from_secs_f64(-self.tokens / self.rate.qps)
+                .unwrap_or(Duration::from_secs(60))
+                .min(Duration::from_secs(60))
+        }
+    }
+}
+
+/// The tower layer kube's `ClientBuilder` takes.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    bucket: Arc<Mutex<Bucket>>,
+}
+
+impl RateLimitLayer {
+    pub fn new(rate: RequestRate) -> RateLimitLayer {
+        RateLimitLayer {
+            bucket: Arc::new(Mutex::new(Bucket::new(rate, Instant::now()))),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+    fn layer(&self, inner: S) -> RateLimited<S> {
+        RateLimited {
+            inner,
+            bucket: self.bucket.clone(),
+        }
+    }
+}
+
+pub struct RateLimited<S> {
+    inner: S,
+    bucket: Arc<Mutex<Bucket>>,
+}
+
+impl<S, Request> tower::Service<Request> for RateLimited<S>
+where
+    S: tower::Service<Request>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let wait = self
+            .bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reserve(Instant::now());
+        // The request goes out when the returned future is first polled after the wait: the
+        // client's futures are lazy, so building it here sends nothing yet.
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            if !wait.is_zero() {
+                tracing::debug!(?wait, "API request held back by --kube-api-qps");
+                tokio::time::sleep(wait).await;
+            }
+            response.await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_goes_out_at_once_and_the_rest_at_the_rate() {
+        let start = Instant::now();
+        let mut bucket = Bucket::new(RequestRate { qps: 5.0, burst: 3 }, start);
+        let waits: Vec<Duration> = (0..5).map(|_| bucket.reserve(start)).collect();
+        assert_eq!(&waits[..3], [Duration::ZERO; 3]);
+        assert_eq!(waits[3], Duration::from_millis(200));
+        assert_eq!(waits[4], Duration::from_millis(400));
+        // After a quiet second the deficit (2) is repaid and three more are free again.
+        let later = start + Duration::from_millis(1400);
+        let waits: Vec<Duration> = (0..3).map(|_| bucket.reserve(later)).collect();
+        assert_eq!(waits, [Duration::ZERO; 3]);
+        assert!(bucket.reserve(later) > Duration::ZERO);
+    }
+
+    #[test]
+    fn a_long_idle_time_refills_no_more_than_the_burst() {
+        let start = Instant::now();
+        let mut bucket = Bucket::new(RequestRate { qps: 1.0, burst: 2 }, start);
+        let later = start + Duration::from_secs(3600);
+        assert_eq!(bucket.reserve(later), Duration::ZERO);
+        assert_eq!(bucket.reserve(later), Duration::ZERO);
+        assert_eq!(bucket.reserve(later), Duration::from_secs(1));
+    }
+}
