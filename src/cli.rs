@@ -13,7 +13,7 @@ use clap::{ArgAction, ArgGroup, Args, Parser, Subcommand};
 
 use crate::explain::Query;
 
-/// What the process should do, chosen by at most one mode flag or the `explain` subcommand.
+/// What the process should do, chosen by at most one mode flag or a subcommand.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     /// No mode flag: watch the cluster and keep the kernel in sync.
@@ -33,6 +33,9 @@ pub enum Mode {
     /// `explain SRC DST:PORT/PROTO`: print the path of one packet through the `--dry-run`
     /// ruleset.
     Explain(Query),
+    /// `diff`: print what a sync of the input would change in the kernel's tables, per
+    /// Service, without changing anything.
+    Diff,
 }
 
 /// What `--version` prints after the name: the version, the git commit and the target it was
@@ -87,7 +90,7 @@ pub struct Cli {
     #[arg(long, value_name = "FILE", global = true)]
     pub config: Option<PathBuf>,
 
-    /// With --once, --dry-run or explain: accept an input that holds no Service at all.
+    /// With --once, --dry-run, explain or diff: accept an input that holds no Service at all.
     /// Without it such an input (an empty file, a failed `kubectl get > file`, `---`, `null`)
     /// is an error, since programming it would remove every Service rule on the node.
     #[arg(long, global = true)]
@@ -117,6 +120,11 @@ pub enum Command {
     /// Show the path of one new connection through the ruleset `--dry-run` prints: hooks and
     /// chains, matching rules, DNAT candidates, masquerade and verdict. Kernel untouched.
     Explain(ExplainArgs),
+    /// Show what a sync of the input would change in nodeproxy's tables, per Service:
+    /// elements, chains, sets and maps added (+), removed (-) or changed (~). Reads the
+    /// kernel's tables, changes nothing, takes no lock. Exit status: 0 no change, 1 changes,
+    /// 2 error.
+    Diff,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -138,8 +146,8 @@ pub struct ExplainArgs {
 }
 
 impl Cli {
-    /// The mode chosen by the (mutually exclusive, enforced by clap) mode flags. `explain` is
-    /// resolved by `config::load`, which validates its arguments.
+    /// The mode chosen by the (mutually exclusive, enforced by clap) mode flags. The
+    /// subcommands are resolved by `config::load`, which validates `explain`'s arguments.
     pub fn mode(&self) -> Mode {
         if self.dry_run {
             Mode::DryRun

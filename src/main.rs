@@ -1,12 +1,12 @@
 //! Entry point: parse the configuration, set up logging, dispatch to the chosen mode (`daemon`,
 //! or `oneshot`'s), map errors to exit codes (0 ok, 1 runtime failure, 2 usage or configuration
-//! error).
+//! error; `diff`: 0 no change, 1 changes, 2 any error).
 
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use nodeproxy::config::{self, ConfigError, LogFormat, Mode};
-use nodeproxy::oneshot;
+use nodeproxy::oneshot::{self, DiffOutcome};
 
 /// jemalloc instead of glibc's malloc: it hands freed pages back to the OS (after the decay
 /// set in `.cargo/config.toml`), so the daemon's resident memory follows its live heap. With
@@ -41,6 +41,9 @@ fn main() -> ExitCode {
     {
         tracing::warn!("{warning}");
     }
+    if loaded.mode == Mode::Diff {
+        return diff(&loaded);
+    }
     match run(&loaded) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -50,6 +53,20 @@ fn main() -> ExitCode {
             };
             tracing::error!("{}", report(&err));
             ExitCode::from(code)
+        }
+    }
+}
+
+/// `diff` exits as diff(1) and `kubectl diff` do, so a script can tell "would change" from
+/// "could not tell": 0 no change, 1 changes (printed, not an error), 2 any error, usage or
+/// runtime alike.
+fn diff(loaded: &config::Loaded) -> ExitCode {
+    match oneshot::diff(loaded) {
+        Ok(DiffOutcome::Unchanged) => ExitCode::SUCCESS,
+        Ok(DiffOutcome::Changed) => ExitCode::from(1),
+        Err(err) => {
+            tracing::error!("{}", report(&err.into()));
+            ExitCode::from(2)
         }
     }
 }
@@ -124,10 +141,12 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
         Mode::Explain(query) => oneshot::explain(loaded, query).map_err(usage),
         Mode::DryRun => oneshot::dry_run(loaded).map_err(usage),
         Mode::Once => oneshot::once(loaded).map_err(usage),
+        // Dispatched by `main` before `run`: it has exit statuses of its own.
+        Mode::Diff => Ok(()),
         Mode::Run => {
             if !config.from_file.is_empty() {
                 return Err(UsageError(anyhow::anyhow!(
-                    "--from-file is for --dry-run, --once and explain; the daemon watches the \
+                    "--from-file is for --dry-run, --once, explain and diff; the daemon watches the \
                      API server (--kubeconfig, --master or in-cluster)"
                 ))
                 .into());

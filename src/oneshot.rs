@@ -1,6 +1,6 @@
 //! The one-shot modes `main` dispatches to besides the daemon: `--dry-run`, `--once`,
-//! `--cleanup` and `explain`, and the input they share (files or one read of the API server,
-//! checked and reported the same way for all of them).
+//! `--cleanup`, `explain` and `diff`, and the input they share (files or one read of the API
+//! server, checked and reported the same way for all of them).
 
 use std::io::{self, Write as _};
 use std::time::Instant;
@@ -164,6 +164,61 @@ pub fn once(loaded: &Loaded) -> Result<(), ModeError> {
             .map(|(name, _)| name.to_string())
             .collect();
         Err(ModeError::Quarantined(names))
+    }
+}
+
+/// What `diff` found; `main` turns it into diff(1)'s exit status (0 same, 1 different).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiffOutcome {
+    /// The kernel's tables are what a sync would program.
+    Unchanged,
+    /// A sync would change something (printed).
+    Changed,
+}
+
+/// `diff`: prints what a sync of the input would change in our tables, per Service, and
+/// changes nothing. It runs `--once`'s sync (read back, affinity slots from the kernel, build,
+/// lower, diff) against a kernel that only reads: only dumps reach the real one.
+///
+/// It takes no node lock: it writes nothing, and it is meant to run beside the daemon that
+/// holds the lock (checking an upgrade or a configuration change before it happens). What the
+/// kernel would refuse cannot be known without sending it, so a Service that `--once` would
+/// quarantine is shown as a change like any other.
+pub fn diff(loaded: &Loaded) -> Result<DiffOutcome, ModeError> {
+    // `own_tables` stays off: ownership belongs to the process that runs, not to the content,
+    // and a table another process owns (or left as an orphan) then needs no flag update.
+    let (state, settings) = desired_inputs(loaded)?;
+    let kernel = NetlinkKernel::new().map_err(kernel_err("opening the netlink socket"))?;
+    let mut preview = nft::preview::Preview::new(kernel);
+    // Nothing is sent, so nothing is rejected and the input is never read a second time.
+    let reload = || {
+        desired_inputs(loaded)
+            .map(|(state, _)| state)
+            .map_err(Previewing)
+    };
+    sync::once(&mut preview, state, &settings, reload).map_err(|Previewing(e)| e)?;
+    let report = preview.into_report();
+    io::stdout()
+        .lock()
+        .write_all(report.render().as_bytes())
+        .map_err(ModeError::Output)?;
+    Ok(if report.is_empty() {
+        DiffOutcome::Unchanged
+    } else {
+        DiffOutcome::Changed
+    })
+}
+
+/// A failure of `diff`'s sync: a kernel error there comes from reading our tables (or lowering
+/// the ruleset), never from programming, and says so.
+struct Previewing(ModeError);
+
+impl From<NftError> for Previewing {
+    fn from(source: NftError) -> Previewing {
+        Previewing(ModeError::Kernel {
+            context: "comparing the ruleset with the kernel's tables",
+            source,
+        })
     }
 }
 

@@ -15,7 +15,7 @@ use super::values::{Input, single_line};
 use super::{
     CONFIG_ENV_VAR, Config, ConfigError, DEFAULT_MAX_INPUT_BYTES, DetectLocalMode, Loaded, Mode,
 };
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, ExplainArgs};
 use crate::explain;
 use crate::model::IpFamily;
 
@@ -287,19 +287,30 @@ pub(super) fn load_with(
     })
 }
 
-/// The mode flag's mode, or `explain` with its arguments validated. `explain` is a
-/// subcommand, which clap cannot put in the mode flags' group, so the exclusion is checked here.
+/// The mode flag's mode, `diff`, or `explain` with its arguments validated. Subcommands
+/// cannot be put in the mode flags' group by clap, so the exclusion is checked here.
 fn resolve_mode(cli: &Cli) -> Result<Mode, ConfigError> {
-    let Some(Command::Explain(args)) = &cli.command else {
+    let Some(command) = &cli.command else {
         return Ok(cli.mode());
     };
+    let name = match command {
+        Command::Explain(_) => "explain",
+        Command::Diff => "diff",
+    };
     if cli.mode() != Mode::Run {
-        return Err(ConfigError::Usage(
-            "error: `explain` cannot be combined with --dry-run, --once, --cleanup or \
+        return Err(ConfigError::Usage(format!(
+            "error: `{name}` cannot be combined with --dry-run, --once, --cleanup or \
              --print-config\n"
-                .to_string(),
-        ));
+        )));
     }
+    match command {
+        Command::Diff => Ok(Mode::Diff),
+        Command::Explain(args) => explain_query(args).map(Mode::Explain),
+    }
+}
+
+/// `explain`'s arguments, checked.
+fn explain_query(args: &ExplainArgs) -> Result<explain::Query, ConfigError> {
     let invalid = |key: &'static str, value: &str, expected: String| ConfigError::Invalid {
         key,
         value: single_line(value),
@@ -328,13 +339,13 @@ fn resolve_mode(cli: &Cli) -> Result<Mode, ConfigError> {
         .map(explain::parse_origin)
         .transpose()
         .map_err(|expected| invalid("--from", args.from.as_deref().unwrap_or(""), expected))?;
-    Ok(Mode::Explain(explain::Query {
+    Ok(explain::Query {
         src,
         dst,
         dport,
         proto,
         from,
-    }))
+    })
 }
 
 fn clap_error(error: clap::Error) -> ConfigError {

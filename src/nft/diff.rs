@@ -416,10 +416,13 @@ pub fn table_flags_update(cur: u32, want: u32) -> Option<u32> {
     Some(want)
 }
 
-type ElemRef<'a> = (&'a [u8], &'a WireElem);
+pub(super) type ElemRef<'a> = (&'a [u8], &'a WireElem);
 
 /// Element removals and additions turning `old` into `new` (a merge of two sorted maps).
-fn diff_elements<'a>(old: &'a WireSet, new: &'a WireSet) -> (Vec<ElemRef<'a>>, Vec<ElemRef<'a>>) {
+pub(super) fn diff_elements<'a>(
+    old: &'a WireSet,
+    new: &'a WireSet,
+) -> (Vec<ElemRef<'a>>, Vec<ElemRef<'a>>) {
     let mut del = Vec::new();
     let mut add = Vec::new();
     let mut a = old.elements.iter().peekable();

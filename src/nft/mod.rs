@@ -9,6 +9,7 @@ pub mod fake;
 pub mod leftovers;
 pub mod netlink;
 pub mod owner;
+pub mod preview;
 pub mod probe;
 pub mod uapi;
 pub mod udata;

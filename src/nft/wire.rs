@@ -251,6 +251,28 @@ impl WireSet {
     pub fn format_key(&self, key: &[u8]) -> String {
         format_concat(self.key_type, key)
     }
+
+    /// Formats an element's data the way nft prints it: `198.51.100.10 . 8080`, `goto pick-2`.
+    pub fn format_data(&self, data: &WireData) -> String {
+        match data {
+            WireData::Value(v) => format_concat(self.data_type.unwrap_or(0), v),
+            WireData::Verdict { code, chain } => {
+                let word = match *code {
+                    NF_ACCEPT => "accept",
+                    NF_DROP => "drop",
+                    NFT_JUMP => "jump",
+                    NFT_GOTO => "goto",
+                    NFT_RETURN => "return",
+                    NFT_CONTINUE => "continue",
+                    _ => "verdict",
+                };
+                match chain {
+                    Some(c) => format!("{word} {c}"),
+                    None => word.to_owned(),
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -325,7 +325,7 @@ pub(super) fn describe(
                 Some((k, e)) => {
                     let mut s = format!("element {}", def.format_key(k));
                     if let Some(d) = &e.data {
-                        s.push_str(&format!(" : {}", format_data(def, d)));
+                        s.push_str(&format!(" : {}", def.format_data(d)));
                     }
                     (format!("{s} in {what}"), e.origin.as_deref().cloned())
                 }
@@ -345,27 +345,6 @@ pub(super) fn describe(
                         origin,
                     )
                 }
-            }
-        }
-    }
-}
-
-pub(super) fn format_data(def: &WireSet, d: &WireData) -> String {
-    match d {
-        WireData::Value(v) => wire::format_concat(def.data_type.unwrap_or(0), v),
-        WireData::Verdict { code, chain } => {
-            let word = match *code {
-                NF_ACCEPT => "accept",
-                NF_DROP => "drop",
-                NFT_JUMP => "jump",
-                NFT_GOTO => "goto",
-                NFT_RETURN => "return",
-                NFT_CONTINUE => "continue",
-                _ => "verdict",
-            };
-            match chain {
-                Some(c) => format!("{word} {c}"),
-                None => word.to_owned(),
             }
         }
     }
