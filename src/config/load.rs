@@ -81,6 +81,8 @@ pub(super) fn edit_distance(a: &str, b: &str) -> usize {
 pub enum Source {
     /// A command-line flag (the field's `Field::flag`).
     Flag,
+    /// A command-line flag under kube-proxy's other name for it (`--iptables-sync-period`).
+    KubeProxyFlag(&'static str),
     /// An environment variable, by name.
     Env(String),
     /// The config file at this path.
@@ -98,6 +100,9 @@ impl Source {
     pub fn describe(&self, flag: &str) -> String {
         match self {
             Source::Flag => format!("flag {flag}"),
+            Source::KubeProxyFlag(alias) => {
+                format!("flag --{alias} (kube-proxy's name for {flag})")
+            }
             Source::Env(var) => format!("env {var}"),
             Source::File(path) => format!("file {}", single_line(&path.to_string_lossy())),
             Source::KubeProxyFile { path, field } => format!(
@@ -206,8 +211,9 @@ pub(super) fn load_with(
     env: &dyn Fn(&str) -> Option<String>,
     read_file: &dyn Fn(&Path) -> std::io::Result<String>,
 ) -> Result<Loaded, ConfigError> {
+    let args: Vec<OsString> = args.into_iter().collect();
     let matches = super::command()
-        .try_get_matches_from(args)
+        .try_get_matches_from(&args)
         .map_err(clap_error)?;
     let cli = Cli::from_arg_matches(&matches).map_err(clap_error)?;
     let env = |name: &str| env(name).filter(|value| !value.is_empty());
@@ -236,9 +242,14 @@ pub(super) fn load_with(
     };
     for &field in Field::ALL {
         let flag = flag_input(&matches, field);
-        let Some((input, source)) = choose(field, flag, &env, file.as_ref()) else {
+        let Some((input, mut source)) = choose(field, flag, &env, file.as_ref()) else {
             continue;
         };
+        if source == Source::Flag
+            && let Some(alias) = used_alias(&args, field)
+        {
+            source = Source::KubeProxyFlag(alias);
+        }
         settings::apply(&mut config, field, &input).map_err(|expected| ConfigError::Invalid {
             key: field.key(),
             value: input.shown(),
@@ -405,6 +416,19 @@ fn flag_input(matches: &clap::ArgMatches, field: Field) -> Option<Input> {
             .get_many::<PathBuf>(id)
             .map(|paths| Input::Paths(paths.cloned().collect())),
     }
+}
+
+/// The kube-proxy alias `args` gave `field` by, if it was given so: clap does not say which of
+/// a flag's names was used, and `--print-config` should name the one the operator wrote.
+fn used_alias(args: &[OsString], field: Field) -> Option<&'static str> {
+    field.spec().kube_flags.iter().copied().find(|alias| {
+        let long = format!("--{alias}");
+        args.iter().filter_map(|a| a.to_str()).any(|a| {
+            a == long
+                || a.strip_prefix(long.as_str())
+                    .is_some_and(|rest| rest.starts_with('='))
+        })
+    })
 }
 
 /// The precedence rule, in one place: flag, else environment, else file; `None` keeps the

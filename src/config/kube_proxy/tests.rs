@@ -187,7 +187,18 @@ fn flags_and_the_environment_beat_the_kube_proxy_file() {
         loaded.config.sync_period,
         std::time::Duration::from_secs(20)
     );
-    assert_eq!(*loaded.provenance.of(Field::SyncPeriod), Source::Flag);
+    assert_eq!(
+        *loaded.provenance.of(Field::SyncPeriod),
+        Source::KubeProxyFlag("iptables-sync-period")
+    );
+    let printed = render_effective(&loaded.config, &loaded.provenance);
+    assert!(
+        printed.contains(
+            "sync_period = \"20s\"  # flag --iptables-sync-period (kube-proxy's name for \
+             --sync-period)\n"
+        ),
+        "{printed}"
+    );
 }
 
 #[test]
