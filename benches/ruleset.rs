@@ -199,7 +199,7 @@ fn sync(c: &mut Criterion) {
                 .sync_changed(&scoped[i % 2], &changed, &settings)
                 .expect("sync")
             {
-                Incremental::Done(out) => out,
+                Incremental::Done(out) => *out,
                 Incremental::NeedsFull(reason) => panic!("not incremental: {reason}"),
             }
         })

@@ -46,6 +46,7 @@ use crate::http::{Handler, HttpError, HttpServer};
 use crate::lock::{self, LockError};
 use crate::metrics::{self, Metrics, PolicyKind, SyncKind};
 use crate::model::{ClusterState, IpFamily, ServiceName};
+use crate::nft::fault::Faulty;
 use crate::nft::leftovers::{self, LeftoverError};
 use crate::nft::owner::{self, Ownership, TakeOver};
 use crate::nft::probe::{self, Missing};
@@ -57,6 +58,7 @@ use crate::source::watch::{self, Changes, ClusterWatch, WatchError};
 use crate::sync::{Incremental, SyncOutcome, Syncer};
 
 mod derived;
+mod events;
 mod schedule;
 mod writer;
 
@@ -287,6 +289,9 @@ async fn run_async(
         config.request_rate(),
     )
     .await?;
+    let metrics = Metrics::new();
+    let events = events::spawn(client.clone(), &settings.node_name, metrics.clone());
+    events.send(events::Notice::starting(&settings.node_name));
     let mut cluster = watch::spawn(client, settings.node_name.clone());
 
     let health = ProxyHealth::new(config.health_timeout());
@@ -295,7 +300,6 @@ async fn run_async(
     for f in FAMILIES {
         health.queued_update(f);
     }
-    let metrics = Metrics::new();
     let mut servers = Vec::new();
     let hard_fail = config.bind_address_hard_fail;
     if let Some(addr) = config.healthz_bind_address {
@@ -329,13 +333,14 @@ async fn run_async(
         let (tx, rx) = mpsc::channel::<Request>();
         let reader = cluster.reader();
         let mut writer = Writer::new(
-            Syncer::new(kernel),
+            Syncer::new(Faulty::from_env(kernel)),
             settings.clone(),
             health.clone(),
             Handle::current(),
             Box::new(move || reader.snapshot()),
         );
         writer.progress = progress;
+        writer.events = events.clone();
         writer.hang_switch = std::env::var_os(notify::HANG_WRITER_ENV).map(Into::into);
         let thread = std::thread::Builder::new()
             .name("nodeproxy-sync".into())

@@ -71,6 +71,11 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabels {
     code: u16,
 }
@@ -132,6 +137,7 @@ pub struct Metrics {
     address_conflicts: Gauge,
     drift_repairs: Family<FamilyLabels, Counter>,
     kernel_rejections: Family<KindLabels, Counter>,
+    events_dropped: Family<ReasonLabels, Counter>,
     transaction_bytes: Histogram,
     transaction_messages: Histogram,
 }
@@ -167,6 +173,7 @@ impl Metrics {
             address_conflicts: Gauge::default(),
             drift_repairs: Family::default(),
             kernel_rejections: Family::default(),
+            events_dropped: Family::default(),
             // 256 B … 64 MiB: one-element changes up to cold loads of very large clusters.
             transaction_bytes: Histogram::new(exponential_buckets(256.0, 4.0, 10)),
             // 1 … 262144 netlink messages.
@@ -262,6 +269,13 @@ impl Metrics {
              exists, busy, permission, invalid, other), including those a retry or a \
              quarantine then resolved",
             m.kernel_rejections.clone(),
+        );
+        r.register(
+            "nodeproxy_events_dropped",
+            "Kubernetes Events not published, by reason (rate_limited: suppressed by the per-object \
+             or overall rate limit; queue_full: the publisher was behind; publish_failed: the API \
+             server refused or did not answer)",
+            m.events_dropped.clone(),
         );
         r.register(
             "nodeproxy_transaction_bytes",
@@ -390,6 +404,14 @@ impl Metrics {
     pub fn inc_kernel_rejections(&self, kind: &'static str) {
         self.kernel_rejections
             .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    /// A Kubernetes Event was not published; `reason` is `rate_limited`, `queue_full` or
+    /// `publish_failed`.
+    pub fn inc_events_dropped(&self, reason: &'static str) {
+        self.events_dropped
+            .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 

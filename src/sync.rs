@@ -12,7 +12,7 @@
 //! Services that changed and patches what was applied, falling back to `sync` whenever it
 //! cannot prove the result equals a full build.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,37 @@ struct Quarantined {
     reason: String,
 }
 
+/// What the kernel refused of a quarantined Service: what the Service's owner is told (in an
+/// Event), so it names the object and the kernel's own words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// `add element`, `add chain`, …
+    pub op: &'static str,
+    /// `element 10.96.0.10 . tcp . 80 : goto pick-1 in map service-ips of table ip nodeproxy`
+    pub object: String,
+    /// The kernel's error, with its extended ack message when it sent one.
+    pub error: String,
+}
+
+impl Rejection {
+    fn of(e: &RejectedOp) -> Rejection {
+        Rejection {
+            op: e.op,
+            object: e.object.clone(),
+            error: match &e.ext_ack {
+                Some(m) => format!("{}: {m}", e.errno),
+                None => e.errno.to_string(),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.op, self.object, self.error)
+    }
+}
+
 /// What one sync did.
 #[derive(Debug, Clone, Default)]
 pub struct SyncOutcome {
@@ -52,6 +83,13 @@ pub struct SyncOutcome {
     pub drift_families: Vec<IpFamily>,
     /// Services excluded from the ruleset, with the kernel's reason.
     pub quarantined: Vec<(ServiceName, String)>,
+    /// Services quarantined since the last outcome that reported any (again, for one released
+    /// and then refused anew), with what the kernel refused: a sync that fails after
+    /// quarantining leaves them to the next successful one.
+    pub newly_quarantined: Vec<(ServiceName, Rejection)>,
+    /// Services that an earlier outcome reported quarantined and that are programmed now (a
+    /// deleted Service is not listed: there is nobody left to tell).
+    pub released: Vec<ServiceName>,
     pub duration: Duration,
 }
 
@@ -99,6 +137,11 @@ pub struct Syncer<K: Kernel> {
     /// Whether a full sync records the [`incremental::Baseline`] later change syncs need; a
     /// process that syncs once ([`once`]) does not pay for it.
     keeps_baseline: bool,
+    /// Quarantined since the last outcome reported it: [`SyncOutcome::newly_quarantined`].
+    fresh: BTreeMap<ServiceName, Rejection>,
+    /// The quarantine as the last outcome reported it: whoever has left it since (and still
+    /// exists) was released.
+    reported: BTreeSet<ServiceName>,
 }
 
 /// `--once`: one sync of `state` from what the kernel holds (read back, so ClientIP-affinity
@@ -135,6 +178,7 @@ pub fn once<K: Kernel, E: From<NftError>>(
         match syncer.apply(desired, true, &mut outcome) {
             Ok(()) => {
                 outcome.quarantined = syncer.quarantined();
+                syncer.report_quarantine_changes(&mut outcome);
                 outcome.duration = started.elapsed();
                 return Ok(outcome);
             }
@@ -164,6 +208,8 @@ impl<K: Kernel> Syncer<K> {
             trusted_generation: None,
             rejected: Vec::new(),
             keeps_baseline: true,
+            fresh: BTreeMap::new(),
+            reported: BTreeSet::new(),
         }
     }
 
@@ -213,10 +259,41 @@ impl<K: Kernel> Syncer<K> {
                     .unwrap_or_default(),
                 reason: e.to_string(),
             };
+            self.fresh.insert(name.clone(), Rejection::of(e));
             self.quarantine.insert(name, quarantined);
             added = true;
         }
         added
+    }
+
+    /// Moves the quarantines and releases not reported yet into `outcome`.
+    fn report_quarantine_changes(&mut self, outcome: &mut SyncOutcome) {
+        if self.fresh.is_empty() && self.reported.is_empty() && self.quarantine.is_empty() {
+            return;
+        }
+        let quarantine = &self.quarantine;
+        outcome.newly_quarantined = std::mem::take(&mut self.fresh)
+            .into_iter()
+            .filter(|(name, _)| quarantine.contains_key(name))
+            .collect();
+        outcome.released = self
+            .reported
+            .iter()
+            .filter(|name| !quarantine.contains_key(*name))
+            .cloned()
+            .collect();
+        self.reported = quarantine.keys().cloned().collect();
+    }
+
+    /// Takes `name` out of quarantine; `exists` says whether the Service is still there to be
+    /// reported as released.
+    fn release(&mut self, name: &ServiceName, exists: bool) {
+        tracing::info!("Service {name} changed: retrying it after quarantine");
+        self.quarantine.remove(name);
+        if !exists {
+            self.reported.remove(name);
+            self.fresh.remove(name);
+        }
     }
 
     /// Services currently excluded, with the reason.
@@ -292,6 +369,7 @@ impl<K: Kernel> Syncer<K> {
                     .map(|b| b.with_claims(&state.services));
         }
         outcome.quarantined = self.quarantined();
+        self.report_quarantine_changes(&mut outcome);
         outcome.duration = started.elapsed();
         Ok(outcome)
     }
@@ -419,13 +497,15 @@ impl<K: Kernel> Syncer<K> {
 
     /// Releases quarantined Services that changed since: they get another chance.
     fn release_changed(&mut self, state: &ClusterState) {
-        self.quarantine.retain(|name, q| {
-            let unchanged = q.unchanged(name, state);
-            if !unchanged {
-                tracing::info!("Service {name} changed: retrying it after quarantine");
-            }
-            unchanged
-        });
+        let changed: Vec<ServiceName> = self
+            .quarantine
+            .iter()
+            .filter(|(name, q)| !q.unchanged(name, state))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in changed {
+            self.release(&name, state.services.contains_key(&name));
+        }
     }
 }
 

@@ -421,10 +421,20 @@ fn the_cluster_role_allows_every_request_the_daemon_makes() {
             );
         }
     }
+    // The daemon records its Node's `Starting` Event at start-up, so creating Events was
+    // checked above too.
+    assert!(
+        needs.contains(&Need {
+            verb: "create".into(),
+            group: "events.k8s.io".into(),
+            resource: "events".into()
+        }),
+        "no Event created among {requests:?}"
+    );
     // Nothing granted that the daemon does not use, except what kube-proxy's
-    // system:node-proxier grants for the Events the daemon is to record (creating and
-    // patching Events; no request to test them against yet) and `get` on nodes, which
-    // kube-proxy's role grants for reading its own Node.
+    // system:node-proxier grants for Events (patching one, which the daemon does only when it
+    // repeats; the core group's Events) and `get` on nodes, which kube-proxy's role grants for
+    // reading its own Node.
     for rule in &rules {
         for verb in &rule.verbs {
             for group in rule.api_groups.as_deref().unwrap_or_default() {

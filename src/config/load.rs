@@ -21,13 +21,14 @@ use crate::model::IpFamily;
 
 /// `NODEPROXY_*` variables that are not settings but are read (or set for the unit's command
 /// line) all the same.
-const OTHER_ENV_VARS: [&str; 4] = [
+const OTHER_ENV_VARS: [&str; 5] = [
     CONFIG_ENV_VAR,
     // The log filter (tracing's EnvFilter syntax).
     "NODEPROXY_LOG",
     // The packaged unit expands it into extra command-line flags.
     "NODEPROXY_EXTRA_ARGS",
     crate::notify::HANG_WRITER_ENV,
+    crate::nft::fault::REJECT_PORT_ENV,
 ];
 
 /// One warning for each `NODEPROXY_*` variable in `names` that nodeproxy does not read: a

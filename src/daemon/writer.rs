@@ -2,6 +2,7 @@
 //! and what runs after each successful sync (health-check node ports, the UDP conntrack
 //! reconciler, the per-Service caches).
 
+use super::events::EventSink;
 use super::*;
 
 /// One request to the sync thread.
@@ -110,6 +111,8 @@ pub(super) struct Writer<K: Kernel> {
     pub(super) address_warnings: BTreeSet<String>,
     /// Clashes between Services over one address and port at the last full sync.
     pub(super) address_conflicts: usize,
+    /// Where the Events about quarantined and released Services go.
+    pub(super) events: EventSink,
 }
 
 impl<K: Kernel> Writer<K> {
@@ -135,6 +138,7 @@ impl<K: Kernel> Writer<K> {
             hang_switch: None,
             address_warnings: BTreeSet::new(),
             address_conflicts: 0,
+            events: EventSink::disabled(),
         }
     }
 
@@ -186,6 +190,7 @@ impl<K: Kernel> Writer<K> {
                     .sync_changed(&scoped, &changed, &self.settings)?
                 {
                     Incremental::Done(outcome) => {
+                        let outcome = *outcome;
                         let delta = self
                             .caches
                             .update(&scoped, &changed, &self.settings.node_name);
@@ -209,6 +214,7 @@ impl<K: Kernel> Writer<K> {
                 }
             }
         };
+        self.events.quarantine_changes(&done.outcome, &done.state);
         let addrs = health_check_addresses(&done.state, &self.settings);
         self.sync_health_checks(
             addrs,

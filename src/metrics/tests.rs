@@ -20,6 +20,7 @@ fn record_everything(m: &Metrics) {
     m.set_quarantined_services(2);
     m.inc_drift_repairs(V4);
     m.inc_kernel_rejections("busy");
+    m.inc_events_dropped("rate_limited");
     m.observe_transaction(12, 4096);
 }
 
@@ -45,6 +46,7 @@ fn the_text_output_names_every_metric_after_one_recording_each() {
         "nodeproxy_quarantined_services ",
         "nodeproxy_drift_repairs_total{",
         "nodeproxy_kernel_rejections_total{kind=\"busy\"} 1",
+        "nodeproxy_events_dropped_total{reason=\"rate_limited\"} 1",
         "nodeproxy_transaction_bytes_bucket",
         "nodeproxy_transaction_messages_bucket",
     ] {

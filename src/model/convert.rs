@@ -296,6 +296,14 @@ pub fn service_noting(
             .creation_timestamp
             .as_ref()
             .map(|t| t.0.as_second()),
+        // Only Events use it, so a uid no API server would hand out is left out rather than
+        // costing the Service its traffic.
+        uid: svc
+            .metadata
+            .uid
+            .as_deref()
+            .filter(|uid| check_text(&ctx, "metadata.uid", uid).is_ok())
+            .map(Box::from),
     }))
 }
 

@@ -157,6 +157,9 @@ pub struct Service {
     /// two Services claiming one address and port, the older keeps it (after the kind of
     /// address; see `ruleset::build::Claims`).
     pub created: Option<i64>,
+    /// `metadata.uid`: the Events recorded about the Service name it, since `kubectl describe`
+    /// finds a live object's Events by its uid.
+    pub uid: Option<Box<str>>,
 }
 
 impl Service {
@@ -176,6 +179,7 @@ impl Service {
             health_check_node_port: None,
             session_affinity_timeout: None,
             created: None,
+            uid: None,
         }
     }
 

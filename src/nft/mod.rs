@@ -6,6 +6,7 @@
 
 pub mod diff;
 pub mod fake;
+pub mod fault;
 pub mod leftovers;
 pub mod netlink;
 pub mod owner;

@@ -422,3 +422,46 @@ fn an_owned_table_without_persist_vanishes_with_its_owner() {
     k.owner_exits();
     assert!(k.read_table(IpFamily::V4, "nodeproxy").unwrap().is_none());
 }
+
+#[test]
+fn the_fault_switch_makes_the_kernel_refuse_only_the_named_ports_elements() {
+    let mut bad = svc_elem(2, 80, "a");
+    bad.origin = Some(std::sync::Arc::new(ServicePortName {
+        port: "kernel-rejects".into(),
+        ..origin("svc2")
+    }));
+    let t = table(vec![svc_elem(1, 80, "a"), bad], true);
+    let want = lower(&t).unwrap();
+    let plan = diff(None, &want);
+
+    let mut k = fault::Faulty::new(FakeKernel::new(), Some("kernel-rejects".into()));
+    let Err(NftError::Rejected { errors }) = k.apply(&plan) else {
+        panic!("the named port's element was accepted")
+    };
+    assert_eq!(errors.len(), 1);
+    // Chain "a" exists: only the rewritten verdict can be missing its chain.
+    assert_eq!(errors[0].kind(), ReplyKind::NotFound);
+    assert!(
+        errors[0].object.contains("10.96.0.2"),
+        "{}",
+        errors[0].object
+    );
+    assert!(
+        k.inner()
+            .read_table(IpFamily::V4, "nodeproxy")
+            .unwrap()
+            .is_none()
+    );
+
+    // Unset, or another name: everything passes through.
+    for port in [None, Some(String::new()), Some("http".into())] {
+        let mut k = fault::Faulty::new(FakeKernel::new(), port);
+        k.apply(&plan).unwrap();
+        let got = k
+            .inner()
+            .read_table(IpFamily::V4, "nodeproxy")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, want);
+    }
+}

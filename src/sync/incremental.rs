@@ -46,7 +46,7 @@ use crate::ruleset::{self, Contested, Settings};
 #[derive(Debug)]
 pub enum Incremental {
     /// Applied; the kernel now holds what a full build of the whole current state would produce.
-    Done(SyncOutcome),
+    Done(Box<SyncOutcome>),
     /// Could not be done incrementally (reason for the debug log); call `sync` with the full state.
     NeedsFull(&'static str),
 }
@@ -150,12 +150,12 @@ impl<K: Kernel> Syncer<K> {
             base.reclaim(scoped, changed);
         }
         for name in released {
-            tracing::info!("Service {name} changed: retrying it after quarantine");
-            self.quarantine.remove(&name);
+            self.release(&name, scoped.services.contains_key(&name));
         }
         outcome.quarantined = self.quarantined();
+        self.report_quarantine_changes(&mut outcome);
         outcome.duration = started.elapsed();
-        Ok(Incremental::Done(outcome))
+        Ok(Incremental::Done(Box::new(outcome)))
     }
 
     /// Everything up to the kernel: the checks, the rebuild, and the element changes per

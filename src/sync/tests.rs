@@ -252,6 +252,63 @@ fn a_quarantined_service_is_retried_when_it_changes() {
 }
 
 #[test]
+fn a_quarantine_and_its_release_are_each_reported_once_with_what_the_kernel_refused() {
+    let mut syncer = Syncer::new(kernel(&["bad"]));
+    let out = syncer.sync(&state(), &settings(), false).unwrap();
+    assert_eq!(out.newly_quarantined.len(), 1, "{out:?}");
+    let (who, why) = &out.newly_quarantined[0];
+    assert_eq!(who, &name("ns", "bad"));
+    assert_eq!(why.op, "add element");
+    assert!(why.object.starts_with("element in "), "{why}");
+    assert!(!why.error.is_empty(), "{why}");
+    assert!(out.released.is_empty());
+    // Still quarantined, but no longer news.
+    let out = syncer.sync(&state(), &settings(), false).unwrap();
+    assert!(
+        out.newly_quarantined.is_empty() && out.released.is_empty(),
+        "{out:?}"
+    );
+
+    syncer.kernel().poisoned.clear();
+    let mut changed = state();
+    add_service(&mut changed, "bad", "203.0.113.20", "198.51.100.21");
+    let out = syncer.sync(&changed, &settings(), false).unwrap();
+    assert_eq!(out.released, vec![name("ns", "bad")]);
+    assert!(out.newly_quarantined.is_empty());
+    let out = syncer.sync(&changed, &settings(), false).unwrap();
+    assert!(out.released.is_empty());
+}
+
+#[test]
+fn a_service_released_on_the_incremental_path_is_reported_a_deleted_one_is_not() {
+    let mut st = state();
+    let mut syncer = Syncer::new(kernel(&["bad"]));
+    assert_eq!(
+        syncer
+            .sync(&st, &settings(), false)
+            .unwrap()
+            .newly_quarantined
+            .len(),
+        1
+    );
+    syncer.kernel().poisoned.clear();
+    set_endpoints(&mut st, "bad", &["198.51.100.21"]);
+    let out = done(syncer.sync_changed(&st.subset(&one("bad")), &one("bad"), &settings()));
+    assert_eq!(out.released, vec![name("ns", "bad")]);
+
+    // Quarantined again, then deleted: nobody to tell it was released.
+    syncer.kernel().poisoned = vec!["bad".into()];
+    set_endpoints(&mut st, "bad", &["198.51.100.22"]);
+    let out = syncer.sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.newly_quarantined.len(), 1);
+    st.services.remove(&name("ns", "bad"));
+    st.slices.retain(|_, s| s.service != name("ns", "bad"));
+    let out = syncer.sync(&st, &settings(), false).unwrap();
+    assert!(out.quarantined.is_empty());
+    assert!(out.released.is_empty(), "{out:?}");
+}
+
+#[test]
 fn steady_state_syncs_do_not_read_the_kernel_back_but_verification_does() {
     let mut syncer = Syncer::new(kernel(&[]));
     let first = syncer.sync(&state(), &settings(), false).unwrap();
@@ -1002,7 +1059,7 @@ fn needs_full(r: Result<Incremental, NftError>) -> &'static str {
 
 fn done(r: Result<Incremental, NftError>) -> SyncOutcome {
     match r.unwrap() {
-        Incremental::Done(out) => out,
+        Incremental::Done(out) => *out,
         Incremental::NeedsFull(reason) => panic!("expected an incremental sync: {reason}"),
     }
 }

@@ -1,6 +1,7 @@
 //! A fake Kubernetes API server for the watch tests: list and watch of Services, EndpointSlices
 //! and Nodes over plain HTTP/1.1 on 127.0.0.1, with controls for the failures the API source must
-//! survive (410 Gone, dropped and silently dead connections, an API server that is down).
+//! survive (410 Gone, dropped and silently dead connections, an API server that is down), and
+//! creation and merge-patching of events.k8s.io/v1 Events, kept for the tests to read.
 //!
 //! Hand-written on tokio rather than a web framework: the protocol subset is small (GET, one
 //! request per connection, `Content-Length` lists, chunked watch streams), and the failure modes
@@ -13,7 +14,11 @@
 //!   resourceVersion older than the compacted history gets an `ERROR` event with code 410;
 //! - label selectors (`k`, `!k`, `k=v`, `k!=v`) and field selectors on `metadata.name` /
 //!   `metadata.namespace`; an object that stops matching is sent as `DELETED`;
-//! - `timeoutSeconds` ends a watch cleanly; `allowWatchBookmarks` enables `BOOKMARK` events.
+//! - `timeoutSeconds` ends a watch cleanly; `allowWatchBookmarks` enables `BOOKMARK` events;
+//! - `POST /apis/events.k8s.io/v1/namespaces/{ns}/events` creates an Event (its name given, or
+//!   generated from `generateName`; 409 if it exists) and `PATCH …/events/{name}` merge-patches
+//!   one (404 if absent); both answer with the stored object, which gets a resourceVersion from
+//!   the global counter, a uid and a creationTimestamp, as the real server does.
 
 #![allow(dead_code)] // Each test crate uses a different part of the controls.
 
@@ -100,6 +105,10 @@ struct Inner {
     bookmarks_sent: BTreeMap<Kind, usize>,
     /// Watches being served (silenced ones included), by kind.
     open_watches: BTreeMap<Kind, usize>,
+    /// Events as stored, by namespace and name.
+    events: BTreeMap<(String, String), Value>,
+    /// Every Event write accepted, in order: the method and the object as stored after it.
+    event_writes: Vec<(String, Value)>,
 }
 
 /// Counts a watch as open while it lives.
@@ -365,6 +374,24 @@ impl FakeApi {
         self.shared.inner.lock().unwrap().requests.clone()
     }
 
+    /// The Events stored now (each as its last write left it), ordered by namespace and name.
+    pub fn events(&self) -> Vec<Value> {
+        self.shared
+            .inner
+            .lock()
+            .unwrap()
+            .events
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Every Event write accepted (`POST` or `PATCH`), in order, with the object as stored
+    /// after it.
+    pub fn event_writes(&self) -> Vec<(String, Value)> {
+        self.shared.inner.lock().unwrap().event_writes.clone()
+    }
+
     /// How many list (`watch == false`) or watch requests of `kind` were received.
     pub fn count(&self, kind: Kind, watch: bool) -> usize {
         let inner = self.shared.inner.lock().unwrap();
@@ -467,7 +494,7 @@ fn matches(obj: &Value, params: &BTreeMap<String, String>) -> bool {
 
 /// Serves one connection: one request, then close.
 async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
-    let Some((method, target)) = read_request(&mut stream).await else {
+    let Some((method, target, body)) = read_request(&mut stream).await else {
         return;
     };
     // Every request is recorded with its method, those the fake does not serve too: the
@@ -478,6 +505,11 @@ async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
         .unwrap()
         .requests
         .push(format!("{method} {target}"));
+    if let Some(event) = event_target(&target) {
+        let (status, body) = write_event(&shared, &method, event, &body);
+        respond(&mut stream, status, &body).await;
+        return;
+    }
     if method != "GET" {
         let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
             "message": format!("the fake API server serves only GET, not {method}"), "reason": "MethodNotAllowed", "code": 405});
@@ -523,22 +555,158 @@ async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
     }
 }
 
-/// Reads the request head; returns its method and target.
-async fn read_request(stream: &mut TcpStream) -> Option<(String, String)> {
+/// Reads the request; returns its method, target and body (as long as `Content-Length` says).
+async fn read_request(stream: &mut TcpStream) -> Option<(String, String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
         let n = stream.read(&mut chunk).await.ok()?;
         if n == 0 || buf.len() > 64 * 1024 {
             return None;
         }
         buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length: usize = head
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 || buf.len() > 1024 * 1024 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
     }
-    let head = String::from_utf8_lossy(&buf);
     let line = head.lines().next()?;
     let mut parts = line.split(' ');
     let method = parts.next()?.to_owned();
-    Some((method, parts.next()?.to_owned()))
+    let target = parts.next()?.to_owned();
+    Some((method, target, buf[head_end..head_end + length].to_vec()))
+}
+
+/// An events.k8s.io Event request's namespace and, for a named one, the Event's name.
+fn event_target(target: &str) -> Option<(String, Option<String>)> {
+    let (path, _) = split_target(target);
+    let rest = path.strip_prefix("/apis/events.k8s.io/v1/namespaces/")?;
+    let parts: Vec<&str> = rest.split('/').collect();
+    match parts.as_slice() {
+        [ns, "events"] => Some(((*ns).to_owned(), None)),
+        [ns, "events", name] => Some(((*ns).to_owned(), Some((*name).to_owned()))),
+        _ => None,
+    }
+}
+
+fn status(code: u16, reason: &str, message: String) -> Value {
+    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+/// Creates (`POST`) or merge-patches (`PATCH`) an Event; returns the HTTP status and body.
+fn write_event(
+    shared: &Shared,
+    method: &str,
+    (namespace, name): (String, Option<String>),
+    body: &[u8],
+) -> (&'static str, Value) {
+    let Ok(sent) = serde_json::from_slice::<Value>(body) else {
+        return (
+            "400 Bad Request",
+            status(400, "BadRequest", "the body is not JSON".into()),
+        );
+    };
+    let mut inner = shared.inner.lock().unwrap();
+    inner.rv += 1;
+    let rv = inner.rv;
+    let stored = match (method, name) {
+        ("POST", None) => {
+            let mut obj = sent;
+            let name = match obj["metadata"]["name"].as_str() {
+                Some(n) if !n.is_empty() => n.to_owned(),
+                _ => match obj["metadata"]["generateName"].as_str() {
+                    Some(prefix) => format!("{prefix}{rv:05x}"),
+                    None => {
+                        return (
+                            "422 Unprocessable Entity",
+                            status(422, "Invalid", "name or generateName is required".into()),
+                        );
+                    }
+                },
+            };
+            let key = (namespace.clone(), name.clone());
+            if inner.events.contains_key(&key) {
+                return (
+                    "409 Conflict",
+                    status(
+                        409,
+                        "AlreadyExists",
+                        format!("events \"{name}\" already exists"),
+                    ),
+                );
+            }
+            obj["apiVersion"] = "events.k8s.io/v1".into();
+            obj["kind"] = "Event".into();
+            obj["metadata"]["name"] = name.into();
+            obj["metadata"]["namespace"] = namespace.into();
+            obj["metadata"]["uid"] = format!("fake-event-uid-{rv}").into();
+            obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z".into();
+            obj["metadata"]["resourceVersion"] = rv.to_string().into();
+            inner.events.insert(key, obj.clone());
+            obj
+        }
+        ("PATCH", Some(name)) => {
+            let Some(obj) = inner.events.get_mut(&(namespace, name.clone())) else {
+                return (
+                    "404 Not Found",
+                    status(404, "NotFound", format!("events \"{name}\" not found")),
+                );
+            };
+            merge_patch(obj, &sent);
+            obj["metadata"]["resourceVersion"] = rv.to_string().into();
+            obj.clone()
+        }
+        _ => {
+            return (
+                "405 Method Not Allowed",
+                status(
+                    405,
+                    "MethodNotAllowed",
+                    format!("the fake API server does not serve {method} of this Event path"),
+                ),
+            );
+        }
+    };
+    inner.event_writes.push((method.to_owned(), stored.clone()));
+    let code = if method == "POST" {
+        "201 Created"
+    } else {
+        "200 OK"
+    };
+    (code, stored)
+}
+
+/// RFC 7386 JSON merge patch: objects merge key by key, `null` deletes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(fields) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let obj = target.as_object_mut().unwrap();
+    for (k, v) in fields {
+        if v.is_null() {
+            obj.remove(k);
+        } else {
+            merge_patch(obj.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
 }
 
 async fn respond(stream: &mut TcpStream, status: &str, body: &Value) {

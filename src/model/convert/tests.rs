@@ -140,6 +140,7 @@ fn a_valid_service_converts_with_all_defaults() {
             health_check_node_port: None,
             session_affinity_timeout: None,
             created: None,
+            uid: None,
         }
     );
 }
@@ -150,6 +151,20 @@ fn the_creation_time_is_kept_in_seconds() {
     raw["metadata"]["creationTimestamp"] = json!("2024-05-01T10:00:00Z");
     let s = service(&svc(raw)).unwrap().unwrap();
     assert_eq!(s.created, Some(1_714_557_600));
+}
+
+#[test]
+fn the_uid_is_kept_for_events_and_one_with_a_control_character_is_dropped() {
+    let mut raw = basic_service(json!({"ports": [{"port": 80}]}));
+    raw["metadata"]["uid"] = json!("6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5f");
+    let s = service(&svc(raw.clone())).unwrap().unwrap();
+    assert_eq!(
+        s.uid.as_deref(),
+        Some("6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5f")
+    );
+    raw["metadata"]["uid"] = json!("bad\nuid");
+    let s = service(&svc(raw)).unwrap().unwrap();
+    assert_eq!(s.uid, None, "the Service is kept, without the uid");
 }
 
 // ---- Service: cluster IPs ----
