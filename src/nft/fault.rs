@@ -20,9 +20,6 @@ pub const REJECT_PORT_ENV: &str = "NODEPROXY_TEST_KERNEL_REJECT_PORT";
 /// The chain the refused elements go to: no table has it.
 const MISSING_CHAIN: &str = "nodeproxy-test-no-such-chain";
 
-/// `NFT_GOTO`, as the lowering encodes a `goto` verdict.
-const GOTO: i32 = -4;
-
 /// A kernel whose transactions carry refused elements for the Service ports named `port`.
 pub struct Faulty<K> {
     inner: K,
@@ -59,7 +56,7 @@ impl<K: Kernel> Faulty<K> {
         }
         Some(WireElem {
             data: Some(WireData::Verdict {
-                code: GOTO,
+                code: super::uapi::NFT_GOTO,
                 chain: Some(Arc::from(MISSING_CHAIN)),
             }),
             ..elem.clone()
