@@ -212,7 +212,7 @@ pub(super) fn load_with(
     env: &dyn Fn(&str) -> Option<String>,
     read_file: &dyn Fn(&Path) -> std::io::Result<String>,
 ) -> Result<Loaded, ConfigError> {
-    let args: Vec<OsString> = args.into_iter().collect();
+    let args = kube_proxy_verbosity(args.into_iter().collect());
     let matches = super::command()
         .try_get_matches_from(&args)
         .map_err(clap_error)?;
@@ -417,6 +417,27 @@ fn flag_input(matches: &clap::ArgMatches, field: Field) -> Option<Input> {
             .get_many::<PathBuf>(id)
             .map(|paths| Input::Paths(paths.cloned().collect())),
     }
+}
+
+/// kube-proxy's `-v` takes a level (`-v=2`, `-v 2`); nodeproxy's counts (`-vv`). A level is
+/// passed on as `--v`, which means the same in both, so kube-proxy's arguments run unchanged.
+fn kube_proxy_verbosity(args: Vec<OsString>) -> Vec<OsString> {
+    let level = |a: &OsString| {
+        a.to_str()
+            .is_some_and(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut args = args.into_iter().peekable();
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some(text) if let Some(level) = text.strip_prefix("-v=") => {
+                out.push(OsString::from(format!("--v={level}")));
+            }
+            Some("-v") if args.peek().is_some_and(level) => out.push(OsString::from("--v")),
+            _ => out.push(arg),
+        }
+    }
+    out
 }
 
 /// The kube-proxy alias `args` gave `field` by, if it was given so: clap does not say which of

@@ -415,3 +415,12 @@ fn every_flag_of_kube_proxys_help_is_a_flag_of_nodeproxy() {
     let tables = super::migration_tables();
     assert!(!tables.contains("not accepted"), "{tables}");
 }
+
+#[test]
+fn kube_proxys_v_with_a_level_is_its_verbosity_and_nodeproxys_counted_v_still_counts() {
+    for args in [&["-v=3"][..], &["-v", "3"], &["--v=3"], &["--v", "3"]] {
+        assert_eq!(ok(args, &[], "").verbosity, 3, "{args:?}");
+    }
+    assert_eq!(ok(&["-vv"], &[], "").verbosity, 2);
+    assert_eq!(ok(&["-v", "--once"], &[], "").verbosity, 1);
+}
