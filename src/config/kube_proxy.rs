@@ -541,6 +541,9 @@ pub fn parse(path: &Path, text: &str) -> Option<Result<KubeProxyFile, ConfigErro
     Some(Ok(file))
 }
 
+/// How many unknown fields an error names.
+const MAX_UNKNOWN_NAMED: usize = 10;
+
 /// Visits every leaf of the mapping (`featureGates` is a leaf as a whole), sorting it into
 /// settings, warnings and unknown fields.
 fn walk(
@@ -591,7 +594,9 @@ fn walk(
             None => match value.as_mapping() {
                 // A section (`nftables`, `clientConnection`): its fields decide.
                 Some(inner) if is_section(&path) => walk(inner, &path, file, unknown),
-                _ => unknown.push(path),
+                // The error names a few; a file of garbage must not make a megabyte message.
+                _ if unknown.len() < MAX_UNKNOWN_NAMED => unknown.push(single_line(&path)),
+                _ => {}
             },
         }
     }

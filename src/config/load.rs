@@ -132,6 +132,25 @@ impl Provenance {
     }
 }
 
+/// The most a config file may hold: real ones are a few kilobytes, and `--config /dev/zero`
+/// must end in an error, not in memory exhaustion.
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+pub(super) fn read_config_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if u64::try_from(text.len()).unwrap_or(u64::MAX) > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {} MiB; a configuration file is a few kilobytes",
+            MAX_CONFIG_BYTES >> 20
+        )));
+    }
+    Ok(text)
+}
+
 /// Parses `--max-input-size`: bytes, or a number with a binary suffix (`Ki`, `Mi`, `Gi`).
 fn parse_size(text: &str) -> Option<u64> {
     let text = text.trim();
@@ -203,7 +222,7 @@ pub fn load(
     args: impl IntoIterator<Item = OsString>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Loaded, ConfigError> {
-    load_with(args, env, &|path| std::fs::read_to_string(path))
+    load_with(args, env, &read_config_file)
 }
 
 /// `load` with the file system injected, so tests never touch disk.

@@ -1530,3 +1530,18 @@ fn help_names_every_flag_config_key_and_environment_variable() {
         }
     }
 }
+
+#[test]
+fn a_config_file_larger_than_16_mib_is_refused_without_reading_it_all() {
+    let path = std::env::temp_dir().join(format!("nodeproxy-big-config-{}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len((16 << 20) + 1).unwrap();
+    let error = super::load::read_config_file(&path).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    assert!(error.to_string().contains("larger than 16 MiB"), "{error}");
+    let path = std::env::temp_dir().join(format!("nodeproxy-small-config-{}", std::process::id()));
+    std::fs::write(&path, "sync_period = \"5s\"\n").unwrap();
+    let text = super::load::read_config_file(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(text, "sync_period = \"5s\"\n");
+}

@@ -424,3 +424,17 @@ fn kube_proxys_v_with_a_level_is_its_verbosity_and_nodeproxys_counted_v_still_co
     assert_eq!(ok(&["-vv"], &[], "").verbosity, 2);
     assert_eq!(ok(&["-v", "--once"], &[], "").verbosity, 1);
 }
+
+#[test]
+fn unknown_field_names_are_escaped_and_at_most_ten_are_named() {
+    let mut text = String::from(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\"bad\\nkey\": 1\n",
+    );
+    for i in 0..50 {
+        text.push_str(&format!("junk{i}: 1\n"));
+    }
+    let message = run(&[], &[], &text).unwrap_err().to_string();
+    assert!(message.contains("`bad\\nkey`"), "{message}");
+    assert!(!message.contains('\n'), "{message}");
+    assert_eq!(message.matches("`junk").count(), 9, "{message}");
+}
