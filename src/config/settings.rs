@@ -280,7 +280,7 @@ settings! {
         Spec { arg: ArgKind::Signed, value_name: "DURATION",
                kube_field: kube("conntrack.udpStreamTimeout"), ..TEXT };
     /// The process's oom_score_adj (-1000..=1000), set at start-up when it differs; lowering
-    /// it needs CAP_SYS_RESOURCE, and a refusal is a warning.
+    /// it needs CAP_SYS_RESOURCE, and a refusal is logged at info level, as kube-proxy does.
     OomScoreAdj oom_score_adj: i32 = -999, v::oom_score_adj,
         Spec { arg: ArgKind::Signed, value_name: "N", kube_field: pointer("oomScoreAdj"),
                ..TEXT };
