@@ -546,4 +546,4 @@ fn without(state: &ClusterState, excluded: impl Fn(&ServiceName) -> bool) -> Clu
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -9,10 +9,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
 use common::netns::{in_netns, lock_file_for_this_netns, nft};
+use common::scratch::{Scratch, nodeproxy};
 
 /// One Service with two endpoints on this node (so each has a hairpin element).
 const CLUSTER: &str = "\
@@ -80,41 +81,6 @@ const API_SERVICE: &str = "\
 ";
 
 const NO_CHANGES: &str = "no changes: the kernel's tables are what a sync would program";
-
-/// A directory of its own for one test, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("nodeproxy-diff-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).unwrap();
-        path.to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn nodeproxy(args: &[&str], lock: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
-        .env_remove("NODEPROXY_CONFIG")
-        .env("NODEPROXY_LOCK_FILE", lock)
-        .args(["--hostname-override", "node-a"])
-        .args(args)
-        .output()
-        .expect("run nodeproxy")
-}
 
 fn stdout(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
@@ -185,7 +151,7 @@ fn assert_has(lines: &[String], wanted: &[&str]) {
 
 #[test]
 fn the_same_input_is_no_change() {
-    let scratch = Scratch::new("same");
+    let scratch = Scratch::new("diff", "same");
     let cluster = scratch.file("cluster.yaml", CLUSTER);
     let out = in_netns(move || {
         let lock = lock_file_for_this_netns();
@@ -200,7 +166,7 @@ fn the_same_input_is_no_change() {
 
 #[test]
 fn a_changed_endpoint_is_shown_under_its_service() {
-    let scratch = Scratch::new("endpoint");
+    let scratch = Scratch::new("diff", "endpoint");
     let cluster = scratch.file("cluster.yaml", CLUSTER);
     let moved = scratch.file(
         "moved.yaml",
@@ -229,7 +195,7 @@ fn a_changed_endpoint_is_shown_under_its_service() {
 
 #[test]
 fn an_added_service_is_all_additions() {
-    let scratch = Scratch::new("added");
+    let scratch = Scratch::new("diff", "added");
     let cluster = scratch.file("cluster.yaml", CLUSTER);
     let more = scratch.file("more.yaml", &format!("{CLUSTER}{API_SERVICE}"));
     let out = in_netns(move || {
@@ -262,7 +228,7 @@ fn an_added_service_is_all_additions() {
 
 #[test]
 fn a_table_edited_by_hand_shows_its_repair() {
-    let scratch = Scratch::new("edited");
+    let scratch = Scratch::new("diff", "edited");
     let cluster = scratch.file("cluster.yaml", CLUSTER);
     let (edited, repaired) = in_netns(move || {
         let lock = lock_file_for_this_netns();
@@ -320,7 +286,7 @@ fn a_table_edited_by_hand_shows_its_repair() {
 
 #[test]
 fn a_kernel_without_our_tables_gets_everything_added() {
-    let scratch = Scratch::new("fresh");
+    let scratch = Scratch::new("diff", "fresh");
     let cluster = scratch.file("cluster.yaml", CLUSTER);
     let (out, tables) = in_netns(move || {
         let lock = lock_file_for_this_netns();
@@ -360,7 +326,7 @@ fn a_kernel_without_our_tables_gets_everything_added() {
 
 #[test]
 fn errors_exit_2_and_print_no_report() {
-    let scratch = Scratch::new("errors");
+    let scratch = Scratch::new("diff", "errors");
     let unreadable = scratch.0.join("unreadable.yaml");
     // A directory where a file is expected: unreadable even for root.
     std::fs::create_dir_all(&unreadable).unwrap();

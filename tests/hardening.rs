@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::netns::{in_netns, lock_file_for_this_netns, nft};
+use common::scratch::{Scratch, nodeproxy};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -25,41 +26,6 @@ fn fixture(case: &str) -> String {
         .into_owned()
 }
 
-/// A directory of its own for one test, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("nodeproxy-hardening-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).unwrap();
-        path.to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn nodeproxy(args: &[&str], lock: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
-        .env_remove("NODEPROXY_CONFIG")
-        .env("NODEPROXY_LOCK_FILE", lock)
-        .args(["--hostname-override", "node-a"])
-        .args(args)
-        .output()
-        .expect("run nodeproxy")
-}
-
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -70,7 +36,7 @@ fn tables() -> String {
 
 #[test]
 fn an_input_without_services_is_refused_unless_allowed_and_leaves_the_rules_in_place() {
-    let scratch = Scratch::new("empty");
+    let scratch = Scratch::new("hardening", "empty");
     let inputs = [
         scratch.file("empty.yaml", ""),
         scratch.file("separator.yaml", "---\n"),
@@ -186,7 +152,7 @@ fn once_and_cleanup_take_the_node_lock_first() {
 
 #[test]
 fn input_files_are_read_up_to_a_bound() {
-    let scratch = Scratch::new("bound");
+    let scratch = Scratch::new("hardening", "bound");
     let lock = scratch.0.join("np.lock");
     let example = root().join("examples/cluster.yaml");
     let size = std::fs::metadata(&example).unwrap().len();
@@ -253,7 +219,7 @@ fn input_files_are_read_up_to_a_bound() {
 
 #[test]
 fn a_missing_file_names_its_cause_once() {
-    let scratch = Scratch::new("missing");
+    let scratch = Scratch::new("hardening", "missing");
     let lock = scratch.0.join("np.lock");
     let absent = scratch.0.join("absent.yaml").to_string_lossy().into_owned();
     let out = nodeproxy(&["--dry-run", "--from-file", &absent], &lock);
@@ -269,7 +235,7 @@ fn a_missing_file_names_its_cause_once() {
 
 #[test]
 fn a_huge_bad_value_is_shown_shortened() {
-    let scratch = Scratch::new("huge");
+    let scratch = Scratch::new("hardening", "huge");
     let huge = "9".repeat(100_000);
     let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
         .env_remove("NODEPROXY_CONFIG")
@@ -287,7 +253,7 @@ fn a_huge_bad_value_is_shown_shortened() {
 
 #[test]
 fn control_characters_in_object_text_are_rejected_and_never_printed_raw() {
-    let scratch = Scratch::new("controls");
+    let scratch = Scratch::new("hardening", "controls");
     let lock = scratch.0.join("np.lock");
     // JSON escapes put the control characters into names, a port name, a zone, a hint and a
     // kind; one valid Service shows the rest is still used.
@@ -363,7 +329,7 @@ fn control_characters_in_object_text_are_rejected_and_never_printed_raw() {
 
 #[test]
 fn messages_say_what_is_wrong_once_at_the_right_level() {
-    let scratch = Scratch::new("messages");
+    let scratch = Scratch::new("hardening", "messages");
     let lock = scratch.0.join("np.lock");
     let example = root()
         .join("examples/cluster.yaml")
@@ -465,7 +431,7 @@ fn messages_say_what_is_wrong_once_at_the_right_level() {
 
 #[test]
 fn special_addresses_and_the_nodes_own_are_never_programmed_as_service_addresses() {
-    let scratch = Scratch::new("special");
+    let scratch = Scratch::new("hardening", "special");
     let lock = scratch.0.join("np.lock");
     let svc = |name: &str, cluster_ip: &str, extra: &str| {
         format!(
@@ -572,7 +538,7 @@ fn special_addresses_and_the_nodes_own_are_never_programmed_as_service_addresses
 
 #[test]
 fn a_cluster_ip_outside_the_service_cidr_is_a_warning() {
-    let scratch = Scratch::new("servicecidr");
+    let scratch = Scratch::new("hardening", "servicecidr");
     let lock = scratch.0.join("np.lock");
     let example = root()
         .join("examples/cluster.yaml")
@@ -699,7 +665,7 @@ fn explain_hijack(src: &str, dst: &str, lock: &Path) -> (String, String) {
 
 #[test]
 fn no_service_can_take_another_services_cluster_ip_and_clashes_are_not_decided_by_name() {
-    let scratch = Scratch::new("hijack");
+    let scratch = Scratch::new("hardening", "hijack");
     let lock = scratch.0.join("np.lock");
     // From a pod, from the node and from outside: every connection to shop/web's ClusterIP goes
     // to shop/web's endpoint, is neither dropped by aaa/steal-lb's source ranges nor rejected

@@ -16,7 +16,9 @@ fn name(ns: &str, n: &str) -> ServiceName {
     }
 }
 
-fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint: &str) {
+/// A ClusterIP Service `ns/n` on port 80 with one ready endpoint (port 8080 on node-b); also
+/// the fixture of `nft::preview`'s tests.
+pub(crate) fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint: &str) {
     let svc = Service {
         cluster_ips: vec![ip.parse().unwrap()],
         ports: vec![ServicePort {

@@ -4,3 +4,4 @@
 pub mod daemon;
 pub mod netns;
 pub mod sample;
+pub mod scratch;

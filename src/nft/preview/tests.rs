@@ -3,55 +3,16 @@
 
 use super::*;
 use crate::config::Config;
-use crate::model::{
-    ClusterState, Conditions, EndpointSlice, Node, Protocol, Service, ServicePort, SliceEndpoint,
-    SlicePort,
-};
+use crate::model::{ClusterState, Node};
 use crate::nft::{self, FakeKernel};
 use crate::ruleset::{self, Settings};
+use crate::sync::tests::add_service;
 
 fn name(n: &str) -> ServiceName {
     ServiceName {
         namespace: "ns".into(),
         name: n.into(),
     }
-}
-
-fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint: &str) {
-    let svc = Service {
-        cluster_ips: vec![ip.parse().unwrap()],
-        ports: vec![ServicePort {
-            name: "http".into(),
-            protocol: Protocol::Tcp,
-            port: 80,
-            node_port: None,
-        }],
-        ..Service::new(name(n))
-    };
-    let slice = EndpointSlice {
-        name: name(&format!("{n}-1")),
-        service: svc.name.clone(),
-        family: IpFamily::V4,
-        ports: vec![SlicePort {
-            name: "http".into(),
-            protocol: Protocol::Tcp,
-            port: 8080,
-        }],
-        endpoints: vec![SliceEndpoint {
-            addr: endpoint.parse().unwrap(),
-            conditions: Conditions {
-                ready: true,
-                serving: true,
-                terminating: false,
-            },
-            node_name: Some("node-b".into()),
-            zone: None,
-            zone_hints: vec![],
-            node_hints: vec![],
-        }],
-    };
-    state.slices.insert(slice.name.clone(), slice);
-    state.services.insert(svc.name.clone(), svc);
 }
 
 fn state() -> ClusterState {
