@@ -5,8 +5,8 @@
 //! The lab tests (`tests/lab`) run the fake API server (`tests/fakeapi`) and the real binary
 //! inside node-a's namespace, as `tests/daemon_restart.rs` does; the Node lifecycle test needs no
 //! traffic and runs in a namespace of its own, as `tests/daemon.rs` does. Every wait polls up to
-//! [`DEADLINE`]; nothing asserts how long anything took. Root is required: without it the tests
-//! fail, they never skip.
+//! `common::daemon::DEADLINE`; nothing asserts how long anything took. Root is required: without
+//! it the tests fail, they never skip.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,21 +14,18 @@ mod common;
 mod fakeapi;
 mod lab;
 
-use std::fmt::Debug;
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::daemon::{Daemon, HttpAnswer, get, http_get};
+use common::daemon::{Daemon, HttpAnswer, get, http_get, wait_for};
 use common::netns::{in_named_netns, in_netns};
 use fakeapi::{FakeApi, Kind, node, service, slice};
 use lab::{Lab, Ns, Proto};
 use serde_json::{Value, json};
 
-/// Every wait is bounded by this; generous because the test machine may be loaded.
-const DEADLINE: Duration = Duration::from_secs(45);
 const CLUSTER_CIDR: &str = "198.51.100.0/24,2001:db8:a::/47";
 const DAEMON_ARGS: &[&str] = &[
     "--hostname-override",
@@ -36,23 +33,6 @@ const DAEMON_ARGS: &[&str] = &[
     "--cluster-cidr",
     CLUSTER_CIDR,
 ];
-
-/// Polls `probe` until it returns `Ok`, and returns that value. At [`DEADLINE`] the test fails
-/// with `what` and the last thing `probe` saw.
-fn wait_for<T, E: Debug>(what: &str, mut probe: impl FnMut() -> Result<T, E>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let last = match probe() {
-            Ok(v) => return v,
-            Err(e) => e,
-        };
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {DEADLINE:?} waiting until {what}; last seen: {last:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// A scratch directory (lock file, daemon log), removed on drop.
 struct Scratch(PathBuf);

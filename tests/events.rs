@@ -11,36 +11,19 @@
 mod common;
 mod fakeapi;
 
-use std::fmt::Debug;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::daemon::{Daemon, get};
+use common::daemon::{Daemon, get, wait_for};
 use common::netns::{in_netns, nft};
 use fakeapi::{FakeApi, Kind, node};
 use serde_json::{Value, json};
 
-const DEADLINE: Duration = Duration::from_secs(45);
 /// The port name the kernel is made to refuse.
 const REFUSED: &str = "kernel-rejects";
 /// `PER_OBJECT_BURST` in src/daemon/events.rs: what one object gets before the rate limit's
 /// slow refill (one per five minutes) applies.
 const PER_OBJECT_BURST: usize = 5;
-
-fn wait_for<T, E: Debug>(what: &str, mut probe: impl FnMut() -> Result<T, E>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let last = match probe() {
-            Ok(v) => return v,
-            Err(e) => e,
-        };
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {DEADLINE:?} waiting until {what}; last seen: {last:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// A ClusterIP Service (documentation addresses) with one TCP port named `port`.
 fn service(name: &str, cluster_ip: &str, port: &str) -> Value {

@@ -9,6 +9,25 @@ use std::time::{Duration, Instant};
 
 /// Every wait on the daemon is bounded by this.
 pub const PATIENCE: Duration = Duration::from_secs(20);
+/// The bound of [`wait_for`]: the end-to-end waits include a daemon's start and first sync.
+pub const DEADLINE: Duration = Duration::from_secs(45);
+
+/// Polls `probe` until it returns `Ok`, and returns that value. At [`DEADLINE`] the test fails
+/// with `what` and the last thing `probe` saw.
+pub fn wait_for<T, E: std::fmt::Debug>(what: &str, mut probe: impl FnMut() -> Result<T, E>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let last = match probe() {
+            Ok(v) => return v,
+            Err(e) => e,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {DEADLINE:?} waiting until {what}; last seen: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 /// A free port on 127.0.0.1 in the current namespace (racy in principle; nothing else binds in
 /// a fresh namespace).
