@@ -87,6 +87,23 @@ impl Drop for Env {
     }
 }
 
+/// The child's exit status, or `None` (the child killed and reaped) when it is still running
+/// after [`PATIENCE`].
+fn exit_within_patience(child: &mut std::process::Child) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `nft list table ip nodeproxy`, or `None` when the table does not exist.
 fn table() -> Option<String> {
     let out = Command::new("nft")
@@ -351,18 +368,8 @@ fn dry_run_without_files_reads_the_api_server() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + PATIENCE;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("--dry-run against the API server did not exit");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = exit_within_patience(&mut child)
+            .unwrap_or_else(|| panic!("--dry-run against the API server did not exit"));
         assert!(status.success(), "{status:?}");
         let printed = std::fs::read_to_string(&out_path).unwrap();
         assert!(printed.contains("table ip nodeproxy"), "{printed}");
@@ -766,20 +773,12 @@ fn bind_address_hard_fail_ends_the_daemon_when_its_health_port_is_taken() {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + PATIENCE;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "still running with its health port taken:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = exit_within_patience(&mut child).unwrap_or_else(|| {
+            panic!(
+                "still running with its health port taken:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
         let text = std::fs::read_to_string(&log).unwrap();
         assert_eq!(status.code(), Some(1), "{text}");
         assert!(
