@@ -1,6 +1,8 @@
 //! The netlink backend: one nfnetlink batch per transaction, sent with one `send`, replies
 //! collected without waiting for acks that never come; dumps of our table. Encoding the batch
-//! (`encode`), decoding replies (`decode`) and raw access to other tables (`raw`) are its parts.
+//! (`encode`), sending it and draining the replies (`transact`, the one loop for our plans and
+//! raw transactions alike), decoding replies (`decode`) and raw access to other tables (`raw`)
+//! are its parts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -24,12 +26,14 @@ use crate::netlink::*;
 mod decode;
 mod encode;
 mod raw;
+mod transact;
 
 pub use decode::decode_any;
 use decode::*;
 use encode::*;
 pub use encode::{Batch, encode_batch};
 pub use raw::RawMsg;
+use transact::*;
 
 /// Never wait longer than this for replies after a send (the kernel queues every reply inside
 /// `sendmsg`, so this only bounds pathological cases).
@@ -90,143 +94,6 @@ impl NetlinkKernel {
         self.rbuf.clear();
         self.rbuf.reserve(1 << 20);
         self.sock.recv(&mut self.rbuf, flags)
-    }
-
-    /// Sends one transaction and collects every error the kernel reports.
-    fn send_batch(
-        &mut self,
-        plan: &Plan<'_>,
-        ops: &[Op<'_>],
-        phase: u8,
-        stats: &mut ApplyStats,
-    ) -> Result<(), NftError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let t0 = Instant::now();
-        let n_msgs_hint = ops.len();
-        let seq0 = self.next_seq(n_msgs_hint);
-        let batch = encode_batch(plan.family, &plan.table, ops, seq0)?;
-        // Keep our seq counter past every message of this batch.
-        self.seq = batch.end_seq.wrapping_add(1);
-        stats.encode += t0.elapsed();
-        stats.messages += batch.messages;
-        stats.bytes += batch.buf.len();
-
-        let t1 = Instant::now();
-        // The whole batch must fit the send buffer or the kernel returns EMSGSIZE; the kernel
-        // doubles the value and subtracts its own overhead, so ask for the size plus slack.
-        let want = batch
-            .buf
-            .len()
-            .saturating_add(1 << 16)
-            .min(i32::MAX as usize);
-        setsockopt(&self.sock, sockopt::SndBufForce, &want).map_err(|e| NftError::Io {
-            context: "set SO_SNDBUFFORCE (needs CAP_NET_ADMIN)".into(),
-            source: e.into(),
-        })?;
-        let sent = self
-            .sock
-            .send(&batch.buf, 0)
-            .map_err(io_err("send nftables batch"))?;
-        if sent != batch.buf.len() {
-            return Err(NftError::Protocol(format!(
-                "short send: {sent} of {} bytes",
-                batch.buf.len()
-            )));
-        }
-        let first = batch.ledger.first().map(|l| l.seq).unwrap_or(seq0);
-        let mut errors = Vec::new();
-        let mut end_acked = false;
-        let mut unknown = None;
-        // nfnetlink processes the whole batch inside sendmsg and queues every reply there, so
-        // everything is already waiting: read without blocking until the socket is empty. On
-        // success, kernels ≥ 6.10 ack BATCH_END; on failure nothing acks it.
-        loop {
-            match self.recv(nix::libc::MSG_DONTWAIT) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.raw_os_error() == Some(nix::libc::ENOBUFS) => {
-                    unknown =
-                        Some("receive buffer overflowed (ENOBUFS): replies were lost".to_owned());
-                    continue;
-                }
-                Err(e) => {
-                    return Err(NftError::Io {
-                        context: "receive nftables replies".into(),
-                        source: e,
-                    });
-                }
-            }
-            for m in messages(&self.rbuf) {
-                if m.ty != NLMSG_ERROR {
-                    continue;
-                }
-                let Some(code) = m.error_code() else {
-                    continue;
-                };
-                // The echoed request header tells which message failed.
-                let Some(req) = m.payload.get(4..20) else {
-                    continue;
-                };
-                let req_seq = ne_u32(&req[8..]).unwrap_or(0);
-                if code == 0 {
-                    if req_seq == batch.end_seq {
-                        end_acked = true;
-                    }
-                    continue;
-                }
-                let (msg_text, offset) = parse_ext_ack(m.flags, m.payload);
-                let entry = batch.ledger.iter().find(|l| l.seq == req_seq);
-                let (op_kind, object, origin) = match entry {
-                    Some(l) => {
-                        let op = &ops[l.op];
-                        let elem = match (op, offset) {
-                            (Op::AddElems { .. } | Op::DelElems { .. }, Some(off)) => {
-                                elem_at_offset(&batch.buf, l.start, off).map(|i| l.elems.0 + i)
-                            }
-                            (Op::AddElems { .. } | Op::DelElems { .. }, None)
-                                if l.elems.1 - l.elems.0 == 1 =>
-                            {
-                                Some(l.elems.0)
-                            }
-                            _ => None,
-                        };
-                        let (object, origin) = describe(&plan.table_desc(), op, elem, l.elems);
-                        (op.kind(), object, origin)
-                    }
-                    None if req_seq < first || req_seq >= batch.end_seq => (
-                        "batch",
-                        format!("transaction on {}", plan.table_desc()),
-                        None,
-                    ),
-                    None => ("unknown", format!("message seq {req_seq}"), None),
-                };
-                errors.push(RejectedOp {
-                    op: op_kind,
-                    object,
-                    origin,
-                    errno: io::Error::from_raw_os_error(-code),
-                    ext_ack: msg_text,
-                    ext_ack_offset: offset,
-                    phase,
-                });
-            }
-        }
-        stats.kernel += t1.elapsed();
-        if errors.iter().any(is_eperm) {
-            return Err(self.denied(plan.family, &plan.table));
-        }
-        if !errors.is_empty() {
-            return Err(NftError::Rejected { errors });
-        }
-        if let Some(u) = unknown {
-            return Err(NftError::Unknown(u));
-        }
-        // Kernels before 6.10 do not ack BATCH_END at all: no error is success there.
-        stats.batch_end_acked |= end_acked;
-        Ok(())
     }
 
     /// Sends a dump request and returns every reply message's payload (after the netlink

@@ -42,15 +42,7 @@ pub fn encode_batch(
         messages: 0,
     };
     let mut seq = first_seq;
-    let s = begin_msg(
-        &mut b.buf,
-        NFNL_MSG_BATCH_BEGIN,
-        NLM_F_REQUEST,
-        seq,
-        0,
-        NFNL_SUBSYS_NFTABLES,
-    );
-    end(&mut b.buf, s)?;
+    begin_batch(&mut b.buf, seq)?;
     // Pre-size for element-heavy batches (~67 bytes per element at 10k services, with comments)
     // so that the buffer is not reallocated: one doubling of a 10 MB batch briefly holds 30 MB.
     let n_elems: usize = ops
@@ -115,17 +107,36 @@ pub fn encode_batch(
     }
     seq += 1;
     b.end_seq = seq;
+    end_batch(&mut b.buf, seq)?;
+    b.messages = b.ledger.len() + 2;
+    Ok(b)
+}
+
+/// Opens a batch in `buf`: BATCH_BEGIN with sequence number `seq`.
+pub(super) fn begin_batch(buf: &mut Vec<u8>, seq: u32) -> Result<(), NftError> {
     let s = begin_msg(
-        &mut b.buf,
+        buf,
+        NFNL_MSG_BATCH_BEGIN,
+        NLM_F_REQUEST,
+        seq,
+        0,
+        NFNL_SUBSYS_NFTABLES,
+    );
+    end(buf, s)
+}
+
+/// Closes a batch in `buf`: BATCH_END with sequence number `seq`, the only message with an ack
+/// request (acking every message would overflow the receive buffer at scale).
+pub(super) fn end_batch(buf: &mut Vec<u8>, seq: u32) -> Result<(), NftError> {
+    let s = begin_msg(
+        buf,
         NFNL_MSG_BATCH_END,
         NLM_F_REQUEST | NLM_F_ACK,
         seq,
         0,
         NFNL_SUBSYS_NFTABLES,
     );
-    end(&mut b.buf, s)?;
-    b.messages = b.ledger.len() + 2;
-    Ok(b)
+    end(buf, s)
 }
 
 pub(super) fn too_long(what: &str) -> NftError {

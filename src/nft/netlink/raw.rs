@@ -31,8 +31,9 @@ impl NetlinkKernel {
         ty: u16,
         table: Option<&str>,
     ) -> Result<Vec<Vec<u8>>, NftError> {
-        // NFTA_{CHAIN,RULE,SET}_TABLE are all attribute 1.
-        let attrs: Vec<(u16, &str)> = table.map(|t| (1, t)).into_iter().collect();
+        // NFTA_{CHAIN,RULE,SET}_TABLE are one attribute number, so CHAIN_TABLE stands for each.
+        const _: () = assert!(CHAIN_TABLE == RULE_TABLE && RULE_TABLE == SET_TABLE);
+        let attrs: Vec<(u16, &str)> = table.map(|t| (CHAIN_TABLE, t)).into_iter().collect();
         for _ in 0..5 {
             match self.dump(family, ty, &attrs) {
                 Err(NftError::Interrupted) => continue,
@@ -49,15 +50,7 @@ impl NetlinkKernel {
         }
         let first = self.next_seq(msgs.len());
         let mut buf = Vec::new();
-        let s = begin_msg(
-            &mut buf,
-            NFNL_MSG_BATCH_BEGIN,
-            NLM_F_REQUEST,
-            first,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        end(&mut buf, s)?;
+        begin_batch(&mut buf, first)?;
         for (i, m) in msgs.iter().enumerate() {
             let s = begin_msg(
                 &mut buf,
@@ -71,63 +64,17 @@ impl NetlinkKernel {
             end(&mut buf, s)?;
         }
         let end_seq = first.wrapping_add(1).wrapping_add(len_u32(msgs.len()));
-        self.seq = end_seq.wrapping_add(1);
-        let s = begin_msg(
-            &mut buf,
-            NFNL_MSG_BATCH_END,
-            NLM_F_REQUEST | NLM_F_ACK,
-            end_seq,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        end(&mut buf, s)?;
-        let want = buf.len().saturating_add(1 << 16).min(i32::MAX as usize);
-        setsockopt(&self.sock, sockopt::SndBufForce, &want).map_err(|e| NftError::Io {
-            context: "set SO_SNDBUFFORCE (needs CAP_NET_ADMIN)".into(),
-            source: e.into(),
-        })?;
-        self.sock
-            .send(&buf, 0)
-            .map_err(io_err("send nftables batch"))?;
-        let mut errors = Vec::new();
-        // As in send_batch: every reply is queued inside sendmsg.
-        loop {
-            match self.recv(nix::libc::MSG_DONTWAIT) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(io_err("receive nftables replies")(e)),
+        end_batch(&mut buf, end_seq)?;
+        let blame = |req_seq: Option<u32>, _: Option<u32>| -> Blame {
+            let seq = req_seq.unwrap_or(0);
+            let idx = seq.wrapping_sub(first).wrapping_sub(1) as usize;
+            match msgs.get(idx) {
+                Some(r) => (r.op, r.object.clone(), None),
+                None => ("batch", format!("message seq {seq}"), None),
             }
-            for m in messages(&self.rbuf) {
-                if m.ty != NLMSG_ERROR {
-                    continue;
-                }
-                let code = m.error_code().unwrap_or(0);
-                if code == 0 {
-                    continue;
-                }
-                let req_seq = m.payload.get(12..16).and_then(ne_u32).unwrap_or(0);
-                let (ext_ack, ext_ack_offset) = parse_ext_ack(m.flags, m.payload);
-                let idx = req_seq.wrapping_sub(first).wrapping_sub(1) as usize;
-                let (op, object) = match msgs.get(idx) {
-                    Some(r) => (r.op, r.object.clone()),
-                    None => ("batch", format!("message seq {req_seq}")),
-                };
-                errors.push(RejectedOp {
-                    op,
-                    object,
-                    origin: None,
-                    errno: io::Error::from_raw_os_error(-code),
-                    ext_ack,
-                    ext_ack_offset,
-                    phase: 1,
-                });
-            }
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(NftError::Rejected { errors })
-        }
+        };
+        self.send_and_drain(&buf, end_seq, 1, blame)?
+            .outcome()
+            .map(|_| ())
     }
 }
