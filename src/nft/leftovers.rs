@@ -13,10 +13,10 @@ use std::path::PathBuf;
 
 use super::netlink::RawMsg;
 use super::uapi::{
-    CHAIN_NAME, CHAIN_TABLE, DELCHAIN, DELRULE, DELTABLE, EXPR_DATA, EXPR_NAME, GETCHAIN, GETRULE,
-    GETTABLE, RULE_CHAIN, RULE_EXPRESSIONS, RULE_HANDLE, RULE_TABLE, TABLE_NAME,
+    CHAIN_NAME, CHAIN_TABLE, DELCHAIN, DELRULE, DELTABLE, GETCHAIN, GETRULE, GETTABLE, RULE_CHAIN,
+    RULE_EXPRESSIONS, RULE_HANDLE, RULE_TABLE, TABLE_NAME,
 };
-use super::wire::{self, WireData, family_keyword, nfproto};
+use super::wire::{self, family_keyword, nfproto};
 use super::{NetlinkKernel, NftError};
 use crate::model::IpFamily;
 use crate::netlink::{Attrs, NLA_TYPE_MASK, cstr, put_attr, put_str};
@@ -244,7 +244,8 @@ fn rules_of(
                 RULE_HANDLE => handle = p.get(..8).and_then(|b| b.try_into().ok()),
                 RULE_EXPRESSIONS => {
                     for (_, e, _) in Attrs::new(p) {
-                        targets.extend(verdict_chain(e));
+                        // iptables-nft encodes `-j CHAIN` and `-g CHAIN` as immediates.
+                        targets.extend(wire::expr::decode(e).chain_ref());
                     }
                 }
                 _ => {}
@@ -262,29 +263,6 @@ fn rules_of(
         }
     }
     Ok(out)
-}
-
-/// The chain an `immediate` expression jumps or goes to (iptables-nft encodes `-j CHAIN` and
-/// `-g CHAIN` to user chains this way).
-fn verdict_chain(expr: &[u8]) -> Option<String> {
-    let mut name = String::new();
-    let mut data = None;
-    for (ty, p, _) in Attrs::new(expr) {
-        match ty & NLA_TYPE_MASK {
-            EXPR_NAME => name = cstr(p),
-            EXPR_DATA => data = Some(p),
-            _ => {}
-        }
-    }
-    if name != "immediate" {
-        return None;
-    }
-    Attrs::new(data?)
-        .filter(|(ty, _, _)| ty & NLA_TYPE_MASK == wire::IMMEDIATE_DATA)
-        .find_map(|(_, p, _)| match wire::parse_data(p)? {
-            WireData::Verdict { chain, .. } => chain.map(|c| c.to_string()),
-            WireData::Value(_) => None,
-        })
 }
 
 fn table_attrs(table: &str) -> Vec<u8> {

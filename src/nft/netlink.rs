@@ -16,8 +16,7 @@ use super::diff::{Op, Plan};
 use super::owner::{Holder, TableInfo, describe_owner};
 use super::uapi::*;
 use super::wire::{
-    self, WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable,
-    expr_attr_type, nfproto,
+    self, WireChain, WireData, WireElem, WireHook, WireRule, WireSet, WireTable, nfproto,
 };
 use super::{ApplyStats, Kernel, NftError, RejectedOp, ReplyKind};
 use crate::model::{IpFamily, ServicePortName};
@@ -300,7 +299,7 @@ impl NetlinkKernel {
                     RULE_CHAIN => cname = cstr(p),
                     RULE_EXPRESSIONS => {
                         for (_, e, _) in Attrs::new(p) {
-                            rule.exprs.push(parse_expr(e));
+                            rule.exprs.push(wire::expr::decode(e));
                         }
                     }
                     _ => {}

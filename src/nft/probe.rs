@@ -13,10 +13,13 @@ use std::fmt;
 
 use super::diff::{Op, Plan};
 use super::owner::Ownership;
-use super::wire::{WireExpr, WireSet, WireTable, lower};
+use super::uapi::{SET_F_EVAL, SET_F_TIMEOUT};
+use super::wire::expr::NFT_REG_1;
+use super::wire::expr::dynset::{self, NFT_DYNSET_OP_DELETE, NFT_DYNSET_OP_UPDATE};
+use super::wire::expr::payload::{self, NFT_PAYLOAD_NETWORK_HEADER};
+use super::wire::{WireExpr, WireSet, WireTable, addr_offset, concat_type, lower};
 use super::{Kernel, NetlinkKernel, NftError};
 use crate::model::{IpFamily, Protocol};
-use crate::netlink::put_attr;
 use crate::ruleset::{
     AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set,
     SetData, Stmt, Table, Verdict,
@@ -512,10 +515,6 @@ fn build_mark(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
     )
 }
 
-fn be32(v: u32) -> Vec<u8> {
-    v.to_be_bytes().to_vec()
-}
-
 /// A guarded filter/prerouting chain whose single rule ends with `exprs` (encodings the IR does
 /// not have).
 fn raw_rule_chain(
@@ -538,33 +537,22 @@ fn raw_rule_chain(
     Ok(w)
 }
 
-/// `fib daddr type local`, as nft 1.0.6 encodes it (`nft --debug=netlink`):
-/// `[ fib daddr type => reg 1 ] [ cmp eq reg 1 0x00000002 ]`.
-fn fib_local() -> Vec<WireExpr> {
-    const FIB_DREG: u16 = 1;
-    const FIB_RESULT: u16 = 2;
-    const FIB_FLAGS: u16 = 3;
-    const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
-    const NFTA_FIB_F_DADDR: u32 = 1 << 1;
-    const RTN_LOCAL: u32 = 2;
-    let mut data = Vec::new();
-    // Register contents are host-endian for a u32 result.
-    put_attr(&mut data, 1, &RTN_LOCAL.to_ne_bytes());
-    vec![
-        WireExpr::new(
-            "fib",
-            vec![
-                (FIB_DREG, be32(1)),
-                (FIB_RESULT, be32(NFT_FIB_RESULT_ADDRTYPE)),
-                (FIB_FLAGS, be32(NFTA_FIB_F_DADDR)),
-            ],
-        ),
-        WireExpr::new("cmp", vec![(1, be32(1)), (2, be32(0)), (3, data)]),
-    ]
-}
-
 fn build_fib(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
-    raw_rule_chain(family, format!("{p}-fib"), fib_local())
+    let rule = guarded(
+        family,
+        vec![Stmt::FibLocal {
+            field: AddrField::Daddr,
+        }],
+    );
+    table(
+        family,
+        vec![],
+        vec![chain(
+            format!("{p}-fib"),
+            Some((ChainType::Filter, Hook::Prerouting)),
+            vec![rule],
+        )],
+    )
 }
 
 /// `set S { type ipv4_addr; flags dynamic,timeout; }` and
@@ -572,59 +560,38 @@ fn build_fib(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
 /// `[ payload load 4b @ network header + 12 => reg 1 ]`
 /// `[ dynset update reg_key 1 set S timeout 10800000ms ]`.
 fn build_dynset(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
-    const NFT_DYNSET_OP_UPDATE: u32 = 1;
     dynset_probe(family, p, "dynset", NFT_DYNSET_OP_UPDATE)
 }
 
 /// Like [`build_dynset`] with `delete @S { ip saddr }`.
 fn build_dynset_delete(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
-    const NFT_DYNSET_OP_DELETE: u32 = 2;
     dynset_probe(family, p, "dynset-delete", NFT_DYNSET_OP_DELETE)
 }
 
 /// Set `<p>-seen` and chain `<p>-<chain>`.
 fn dynset_probe(family: IpFamily, p: &str, chain: &str, op: u32) -> Result<WireTable, NftError> {
-    const NFT_SET_TIMEOUT: u32 = 0x10;
-    const NFT_SET_EVAL: u32 = 0x20;
-    const DYNSET_SET_NAME: u16 = 1;
-    const DYNSET_OP: u16 = 3;
-    const DYNSET_SREG_KEY: u16 = 4;
-    const DYNSET_TIMEOUT: u16 = 6;
     let set_name = format!("{p}-seen");
-    // ipv4_addr (7) / ipv6_addr (8) and where the source address sits in the header.
-    let (key_type, key_len, saddr_offset) = match family {
-        IpFamily::V4 => (7, 4, 12),
-        IpFamily::V6 => (8, 16, 8),
-    };
-    let mut name = set_name.as_bytes().to_vec();
-    name.push(0);
+    let (key_type, key_len) = concat_type(family, &[KeyField::Saddr]);
     // Only `update` refreshes a timeout; `delete` carries none.
-    let timeout_ms: u64 = if op == 1 { 3 * 3600 * 1000 } else { 0 };
+    let timeout_ms: u64 = if op == NFT_DYNSET_OP_UPDATE {
+        3 * 3600 * 1000
+    } else {
+        0
+    };
     let exprs = vec![
-        WireExpr::new(
-            "payload",
-            vec![
-                (1, be32(1)),
-                (2, be32(1)), // network header
-                (3, be32(saddr_offset)),
-                (4, be32(key_len)),
-            ],
+        payload::load(
+            NFT_REG_1,
+            NFT_PAYLOAD_NETWORK_HEADER,
+            addr_offset(family, AddrField::Saddr),
+            key_len,
         ),
-        WireExpr::new(
-            "dynset",
-            vec![
-                (DYNSET_SET_NAME, name),
-                (DYNSET_OP, be32(op)),
-                (DYNSET_SREG_KEY, be32(1)),
-                (DYNSET_TIMEOUT, timeout_ms.to_be_bytes().to_vec()),
-            ],
-        ),
+        dynset::as_sent_by_nft(&set_name, op, timeout_ms),
     ];
     let mut w = raw_rule_chain(family, format!("{p}-{chain}"), exprs)?;
     w.add_set(
         &set_name,
         WireSet {
-            flags: NFT_SET_TIMEOUT | NFT_SET_EVAL,
+            flags: SET_F_TIMEOUT | SET_F_EVAL,
             key_type,
             key_len,
             data_type: None,

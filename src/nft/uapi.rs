@@ -1,8 +1,8 @@
 //! The nf_tables UAPI (`include/uapi/linux/netfilter/nf_tables.h`) that is not particular to
 //! one expression: message types, the attributes of tables, chains, rules, sets, elements and
-//! the generation, object flags, and data and verdict encodings. Expression attributes live
-//! with the expressions' lowering in `wire.rs`. Names drop the `NFT_MSG_` / `NFTA_` prefixes
-//! (`NFTA_SET_ELEM_LIST_ELEMENTS` is `ELEM_LIST_ELEMENTS`); values are the header's.
+//! the generation, object flags, and data and verdict encodings. Each expression's attributes
+//! and constants live in its own file under `wire/expr/`. Names drop the `NFT_MSG_` / `NFTA_`
+//! prefixes (`NFTA_SET_ELEM_LIST_ELEMENTS` is `ELEM_LIST_ELEMENTS`); values are the header's.
 
 // nf_tables message types.
 pub const NEWTABLE: u16 = 0;
@@ -97,3 +97,14 @@ pub const NFT_CONTINUE: i32 = -1;
 pub const NFT_RETURN: i32 = -5;
 pub const NFT_JUMP: i32 = -3;
 pub const NFT_GOTO: i32 = -4;
+
+/// `NFPROTO_IPV4`, `NFPROTO_IPV6` (`linux/netfilter.h`): the families of our tables.
+pub const NFPROTO_IPV4: u8 = 2;
+pub const NFPROTO_IPV6: u8 = 10;
+
+/// `enum nf_inet_hooks` (`linux/netfilter.h`): the hooks a base chain attaches to.
+pub const NF_INET_PRE_ROUTING: u32 = 0;
+pub const NF_INET_LOCAL_IN: u32 = 1;
+pub const NF_INET_FORWARD: u32 = 2;
+pub const NF_INET_LOCAL_OUT: u32 = 3;
+pub const NF_INET_POST_ROUTING: u32 = 4;

@@ -107,8 +107,8 @@ pub fn family_keyword(f: IpFamily) -> &'static str {
 /// `NFPROTO_IPV4` / `NFPROTO_IPV6`, the nfgenmsg family of our tables.
 pub fn nfproto(f: IpFamily) -> u8 {
     match f {
-        IpFamily::V4 => 2,
-        IpFamily::V6 => 10,
+        IpFamily::V4 => NFPROTO_IPV4,
+        IpFamily::V6 => NFPROTO_IPV6,
     }
 }
 
@@ -158,41 +158,19 @@ impl WireExpr {
             .map(|a| a.1.as_slice())
     }
 
-    /// Whether attribute `ty` of this expression is a nest (sent with `NLA_F_NESTED`).
-    pub fn is_nested(name: &str, ty: u16) -> bool {
-        matches!(
-            (name, ty),
-            ("cmp", 3) | ("bitwise", 4) | ("bitwise", 5) | ("immediate", 2)
-        )
-    }
-
     /// The set this expression looks up, if it is a lookup.
     pub fn set_ref(&self) -> Option<String> {
-        if self.name == "lookup" {
-            self.attr(LOOKUP_SET).map(crate::netlink::cstr)
-        } else {
-            None
-        }
+        expr::lookup::set_of(self)
     }
 
     /// The set this expression adds to from the packet path (`update @set`), if it is a dynset.
     pub fn updated_set(&self) -> Option<String> {
-        if self.name == "dynset" {
-            self.attr(DYNSET_SET_NAME).map(crate::netlink::cstr)
-        } else {
-            None
-        }
+        expr::dynset::set_of(self)
     }
 
     /// The chain this expression jumps or goes to, if it is such an immediate.
     pub fn chain_ref(&self) -> Option<String> {
-        if self.name != "immediate" {
-            return None;
-        }
-        match parse_data(self.attr(IMMEDIATE_DATA)?)? {
-            WireData::Verdict { chain, .. } => chain.map(|c| c.to_string()),
-            WireData::Value(_) => None,
-        }
+        expr::immediate::chain_of(self)
     }
 }
 
@@ -309,11 +287,13 @@ impl WireData {
 }
 
 mod atoms;
-mod expr;
+mod data;
+pub(crate) mod expr;
 mod lower;
 
 use atoms::*;
+pub(crate) use atoms::{addr_offset, concat_type};
 pub use atoms::{decode_atoms, format_concat, hex};
-use expr::*;
-pub use expr::{IMMEDIATE_DATA, LOOKUP_SET, encode_data, expr_attr_type, parse_data};
+use data::*;
+pub use data::{encode_data, parse_data};
 pub use lower::{lower, lower_owned};

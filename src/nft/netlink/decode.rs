@@ -26,7 +26,7 @@ pub fn decode_any(data: &[u8]) -> usize {
                 if parse_elem(e, &mut chains, &mut comments).is_some() {
                     decoded += 1;
                 }
-                decoded += parse_expr(e).name.len();
+                decoded += wire::expr::decode(e).name.len();
                 for (_, inner, _) in Attrs::new(e) {
                     if parse_elem(inner, &mut chains, &mut comments).is_some() {
                         decoded += 1;
@@ -62,35 +62,6 @@ pub(super) fn parse_ext_ack(flags: u16, payload: &[u8]) -> (Option<String>, Opti
         }
     }
     (text, off)
-}
-
-/// Parses one NFTA_LIST_ELEM of a rule's expressions into the canonical form.
-pub(super) fn parse_expr(e: &[u8]) -> WireExpr {
-    let mut name = String::new();
-    let mut attrs = Vec::new();
-    for (ty, p, _) in Attrs::new(e) {
-        match ty & NLA_TYPE_MASK {
-            EXPR_NAME => name = cstr(p),
-            EXPR_DATA => {
-                for (t, q, _) in Attrs::new(p) {
-                    attrs.push((t & NLA_TYPE_MASK, q.to_vec()));
-                }
-            }
-            _ => {}
-        }
-    }
-    // Data nests: normalize to the form the kernel dumps (verdict nest without NLA_F_NESTED),
-    // which is also the form lowering produces.
-    for (t, v) in attrs.iter_mut() {
-        if WireExpr::is_nested(&name, *t)
-            && let Some(d) = wire::parse_data(v)
-        {
-            let mut n = Vec::new();
-            wire::encode_data(&d, &mut n);
-            *v = n;
-        }
-    }
-    WireExpr::new(&name, attrs)
 }
 
 /// The field lengths of `NFTA_SET_DESC_CONCAT` in a set's description.

@@ -251,7 +251,7 @@ pub(super) fn encode_op(
                 put_str(buf, EXPR_NAME, &e.name);
                 let d = nest_begin(buf, EXPR_DATA | NLA_F_NESTED);
                 for (ty, v) in &e.attrs {
-                    put_attr(buf, expr_attr_type(&e.name, *ty), v);
+                    put_attr(buf, wire::expr::attr_type(&e.name, *ty), v);
                 }
                 nest_end(buf, d).map_err(|_| too_long("expression"))?;
                 nest_end(buf, el).map_err(|_| too_long("expression"))?;

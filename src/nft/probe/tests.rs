@@ -17,7 +17,10 @@ fn build_bogus(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
     raw_rule_chain(
         family,
         format!("{p}-bogus"),
-        vec![WireExpr::new("nodeproxybogus", vec![(1, be32(1))])],
+        vec![WireExpr::new(
+            "nodeproxybogus",
+            vec![(1, 1u32.to_be_bytes().to_vec())],
+        )],
     )
 }
 

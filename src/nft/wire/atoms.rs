@@ -45,7 +45,7 @@ pub(super) fn pad4_len(n: usize) -> usize {
 
 /// (type id, length) of a key or data concatenation: sub-type ids shifted by 6 bits each, the
 /// first field most significant; each field padded to 4 bytes unless it is the only one.
-pub(super) fn concat_type(family: IpFamily, fields: &[KeyField]) -> (u32, u32) {
+pub(crate) fn concat_type(family: IpFamily, fields: &[KeyField]) -> (u32, u32) {
     let mut ty = 0u32;
     let mut len = 0u32;
     for f in fields {
@@ -60,7 +60,7 @@ pub(super) fn concat_type(family: IpFamily, fields: &[KeyField]) -> (u32, u32) {
     (ty, len)
 }
 
-pub(super) fn addr_offset(family: IpFamily, field: AddrField) -> u32 {
+pub(crate) fn addr_offset(family: IpFamily, field: AddrField) -> u32 {
     match (family, field) {
         (IpFamily::V4, AddrField::Saddr) => 12,
         (IpFamily::V4, AddrField::Daddr) => 16,

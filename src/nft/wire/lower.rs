@@ -1,7 +1,63 @@
 //! Lowering the ruleset IR to the wire form: statements to expressions, sets with their
 //! elements, rules, chains and the table.
 
+use super::expr::bitwise;
+use super::expr::cmp::{self, NFT_CMP_EQ, NFT_CMP_NEQ};
+use super::expr::ct::{self, CT_STATE_NEW, IPS_DST_NAT, NFT_CT_STATE, NFT_CT_STATUS};
+use super::expr::lookup;
+use super::expr::meta::{self, IFNAMSIZ, NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_MARK};
+use super::expr::payload::{
+    self, NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, TH_DPORT_LEN, TH_DPORT_OFFSET,
+};
+use super::expr::{
+    NFT_REG_1, NFT_REG_VERDICT, byteorder, dynset, fib, immediate, masq, nat, numgen, reg, reject,
+};
 use super::*;
+
+/// Loads the key fields into consecutive registers from NFT_REG_1; returns the words used.
+pub(super) fn load_key(family: IpFamily, key: &[KeyField], out: &mut Vec<WireExpr>) -> u32 {
+    load_key_for(family, key, false, out)
+}
+
+/// Like [`load_key`]; for a lookup in a concatenation of ranges (`interval`), with the
+/// `byteorder` nft 1.0.6 puts after `meta l4proto` there (see [`byteorder::hton_l4proto`]).
+pub(super) fn load_key_for(
+    family: IpFamily,
+    key: &[KeyField],
+    interval: bool,
+    out: &mut Vec<WireExpr>,
+) -> u32 {
+    let mut word = 0u32;
+    for f in key {
+        let r = reg(word);
+        let info = field_info(family, *f);
+        let expr = match f {
+            KeyField::Saddr => {
+                let offset = addr_offset(family, AddrField::Saddr);
+                payload::load(r, NFT_PAYLOAD_NETWORK_HEADER, offset, info.len)
+            }
+            KeyField::Daddr => {
+                let offset = addr_offset(family, AddrField::Daddr);
+                payload::load(r, NFT_PAYLOAD_NETWORK_HEADER, offset, info.len)
+            }
+            KeyField::L4Proto if interval && key.len() > 1 => {
+                out.push(meta::load(NFT_META_L4PROTO, r));
+                byteorder::hton_l4proto(r)
+            }
+            KeyField::L4Proto => meta::load(NFT_META_L4PROTO, r),
+            KeyField::ThDport => payload::load(
+                r,
+                NFT_PAYLOAD_TRANSPORT_HEADER,
+                TH_DPORT_OFFSET,
+                TH_DPORT_LEN,
+            ),
+            KeyField::Numgen { modulus } => numgen::random(r, *modulus),
+        };
+        out.push(expr);
+        word += pad4(info.len) / 4;
+    }
+    word
+}
 
 /// The bytes nft compares for a prefix match, and the mask when the prefix is not byte-aligned:
 /// nft loads only the prefix bytes for /8, /16, …, and the whole address plus a bitwise mask
@@ -22,8 +78,8 @@ pub(super) fn prefix_match(
     if plen.is_multiple_of(8) && plen > 0 {
         let n = plen / 8;
         vec![
-            payload(1, NFT_PAYLOAD_NETWORK_HEADER, off, len_u32(n)),
-            cmp(op, &addr[..n]),
+            payload::load(NFT_REG_1, NFT_PAYLOAD_NETWORK_HEADER, off, len_u32(n)),
+            cmp::compare(op, &addr[..n]),
         ]
     } else {
         let mask: Vec<u8> = match net.netmask() {
@@ -32,9 +88,14 @@ pub(super) fn prefix_match(
         };
         let zero = vec![0u8; addr.len()];
         vec![
-            payload(1, NFT_PAYLOAD_NETWORK_HEADER, off, len_u32(addr.len())),
-            bitwise(&mask, &zero),
-            cmp(op, &addr),
+            payload::load(
+                NFT_REG_1,
+                NFT_PAYLOAD_NETWORK_HEADER,
+                off,
+                len_u32(addr.len()),
+            ),
+            bitwise::mask_xor(&mask, &zero),
+            cmp::compare(op, &addr),
         ]
     }
 }
@@ -53,9 +114,9 @@ pub(super) fn lower_stmt(
             } else {
                 (NFT_CT_STATUS, IPS_DST_NAT)
             };
-            out.push(ct_load(key));
-            out.push(bitwise(&bit.to_ne_bytes(), &z));
-            out.push(cmp(NFT_CMP_NEQ, &z));
+            out.push(ct::load(key));
+            out.push(bitwise::mask_xor(&bit.to_ne_bytes(), &z));
+            out.push(cmp::compare(NFT_CMP_NEQ, &z));
         }
         Stmt::AddrMatch { field, negate, net } => {
             if IpFamily::of(&net.addr()) != family {
@@ -67,14 +128,14 @@ pub(super) fn lower_stmt(
             check_set_key(family, table, set, key)?;
             let interval = table.set(set).is_some_and(|s| s.kind == SetKind::Interval);
             load_key_for(family, key, interval, out);
-            let dreg = matches!(stmt, Stmt::Vmap { .. }).then_some(0);
-            out.push(lookup(set, dreg));
+            let dreg = matches!(stmt, Stmt::Vmap { .. }).then_some(NFT_REG_VERDICT);
+            out.push(lookup::lookup(set, dreg));
         }
         Stmt::NotInSet { key, set } => {
             check_set_key(family, table, set, key)?;
             let interval = table.set(set).is_some_and(|s| s.kind == SetKind::Interval);
             load_key_for(family, key, interval, out);
-            out.push(lookup_flags(set, None, NFT_LOOKUP_F_INV));
+            out.push(lookup::absent(set));
         }
         Stmt::UpdateSet {
             key,
@@ -86,18 +147,7 @@ pub(super) fn lower_stmt(
                 return Err(format!("update of @{set}, which is not a dynamic set"));
             }
             load_key(family, key, out);
-            // The kernel dumps the timeout in milliseconds as a 64-bit value, and the flags.
-            let ms = u64::from(*timeout_secs) * 1000;
-            out.push(WireExpr::new(
-                "dynset",
-                vec![
-                    (DYNSET_SET_NAME, cstring(set)),
-                    (DYNSET_OP, be(NFT_DYNSET_OP_UPDATE)),
-                    (DYNSET_SREG_KEY, be(1)),
-                    (DYNSET_TIMEOUT, ms.to_be_bytes().to_vec()),
-                    (DYNSET_FLAGS, be(0)),
-                ],
-            ));
+            out.push(dynset::update(set, u64::from(*timeout_secs) * 1000));
         }
         Stmt::DeleteFromSet { key, set } => {
             check_set_key(family, table, set, key)?;
@@ -105,35 +155,17 @@ pub(super) fn lower_stmt(
                 return Err(format!("delete from @{set}, which is not a dynamic set"));
             }
             load_key(family, key, out);
-            // The kernel dumps a timeout (0) and flags for every dynset, whatever its operation.
-            out.push(WireExpr::new(
-                "dynset",
-                vec![
-                    (DYNSET_SET_NAME, cstring(set)),
-                    (DYNSET_OP, be(NFT_DYNSET_OP_DELETE)),
-                    (DYNSET_SREG_KEY, be(1)),
-                    (DYNSET_TIMEOUT, 0u64.to_be_bytes().to_vec()),
-                    (DYNSET_FLAGS, be(0)),
-                ],
-            ));
+            out.push(dynset::delete(set));
         }
         Stmt::RandomIs { modulus, value } => {
-            out.push(WireExpr::new(
-                "numgen",
-                vec![
-                    (NG_DREG, be(1)),
-                    (NG_MODULUS, be(*modulus)),
-                    (NG_TYPE, be(NFT_NG_RANDOM)),
-                    (NG_OFFSET, be(0)),
-                ],
-            ));
+            out.push(numgen::random(NFT_REG_1, *modulus));
             // numgen writes a host-endian u32.
-            out.push(cmp(NFT_CMP_EQ, &value.to_ne_bytes()));
+            out.push(cmp::compare(NFT_CMP_EQ, &value.to_ne_bytes()));
         }
         Stmt::MarkTest { mask } => {
-            out.push(meta_load(NFT_META_MARK, 1));
-            out.push(bitwise(&mask.to_ne_bytes(), &z));
-            out.push(cmp(NFT_CMP_NEQ, &z));
+            out.push(meta::load(NFT_META_MARK, NFT_REG_1));
+            out.push(bitwise::mask_xor(&mask.to_ne_bytes(), &z));
+            out.push(cmp::compare(NFT_CMP_NEQ, &z));
         }
         Stmt::MarkOr(bits) | Stmt::MarkXor(bits) => {
             // nft expresses `mark | b` as `(mark & ~b) ^ b` and `mark ^ b` as `(mark & ~0) ^ b`.
@@ -142,12 +174,9 @@ pub(super) fn lower_stmt(
             } else {
                 u32::MAX
             };
-            out.push(meta_load(NFT_META_MARK, 1));
-            out.push(bitwise(&mask.to_ne_bytes(), &bits.to_ne_bytes()));
-            out.push(WireExpr::new(
-                "meta",
-                vec![(META_KEY, be(NFT_META_MARK)), (META_SREG, be(1))],
-            ));
+            out.push(meta::load(NFT_META_MARK, NFT_REG_1));
+            out.push(bitwise::mask_xor(&mask.to_ne_bytes(), &bits.to_ne_bytes()));
+            out.push(meta::set(NFT_META_MARK, NFT_REG_1));
         }
         Stmt::DnatMap { key, map } => {
             check_set_key(family, table, map, key)?;
@@ -156,58 +185,20 @@ pub(super) fn lower_stmt(
                 _ => return Err(format!("dnat map @{map} is not a map to address (. port)")),
             };
             load_key(family, key, out);
-            out.push(lookup(map, Some(1)));
+            out.push(lookup::lookup(map, Some(NFT_REG_1)));
+            // The port follows the address in the registers the lookup wrote.
             let addr_words = pad4(field_info(family, KeyField::Daddr).len) / 4;
-            let mut attrs = vec![
-                (NAT_TYPE, be(NFT_NAT_DNAT)),
-                (NAT_FAMILY, be(u32::from(nfproto(family)))),
-                (NAT_REG_ADDR_MIN, be(1)),
-                (NAT_REG_ADDR_MAX, be(1)),
-            ];
-            let mut flags = NF_NAT_RANGE_MAP_IPS;
-            if data.contains(&KeyField::ThDport) {
-                attrs.push((NAT_REG_PROTO_MIN, be(reg(addr_words))));
-                attrs.push((NAT_REG_PROTO_MAX, be(reg(addr_words))));
-                flags |= NF_NAT_RANGE_PROTO_SPECIFIED;
-            }
-            attrs.push((NAT_FLAGS, be(flags)));
-            out.push(WireExpr::new("nat", attrs));
+            let proto_reg = data.contains(&KeyField::ThDport).then(|| reg(addr_words));
+            out.push(nat::dnat(family, NFT_REG_1, proto_reg));
         }
         Stmt::Masquerade { fully_random } => {
-            let attrs = if *fully_random {
-                vec![(MASQ_FLAGS, be(NF_NAT_RANGE_PROTO_RANDOM_FULLY))]
-            } else {
-                Vec::new()
-            };
-            out.push(WireExpr::new("masq", attrs));
+            out.push(masq::masquerade(*fully_random));
         }
         Stmt::Reject => {
-            let code = match family {
-                IpFamily::V4 => ICMP_PORT_UNREACH,
-                IpFamily::V6 => ICMPV6_PORT_UNREACH,
-            };
-            out.push(WireExpr::new(
-                "reject",
-                vec![
-                    (REJECT_TYPE, be(NFT_REJECT_ICMP_UNREACH)),
-                    (REJECT_ICMP_CODE, vec![code]),
-                ],
-            ));
+            out.push(reject::port_unreachable(family));
         }
         Stmt::FibLocal { field } => {
-            let flag = match field {
-                AddrField::Saddr => NFTA_FIB_F_SADDR,
-                AddrField::Daddr => NFTA_FIB_F_DADDR,
-            };
-            out.push(WireExpr::new(
-                "fib",
-                vec![
-                    (FIB_DREG, be(1)),
-                    (FIB_RESULT, be(NFT_FIB_RESULT_ADDRTYPE)),
-                    (FIB_FLAGS, be(flag)),
-                ],
-            ));
-            out.push(cmp(NFT_CMP_EQ, &RTN_LOCAL.to_ne_bytes()));
+            out.extend(fib::is_local(*field));
         }
         Stmt::Iifname {
             name,
@@ -225,18 +216,12 @@ pub(super) fn lower_stmt(
                 data.resize(IFNAMSIZ, 0);
             }
             let op = if *negate { NFT_CMP_NEQ } else { NFT_CMP_EQ };
-            out.push(meta_load(NFT_META_IIFNAME, 1));
-            out.push(cmp(op, &data));
+            out.push(meta::load(NFT_META_IIFNAME, NFT_REG_1));
+            out.push(cmp::compare(op, &data));
         }
         Stmt::Verdict(v) => {
             let (code, chain) = verdict_code(v);
-            out.push(WireExpr::new(
-                "immediate",
-                vec![
-                    (IMMEDIATE_DREG, be(0)),
-                    (IMMEDIATE_DATA, data_verdict(code, chain)),
-                ],
-            ));
+            out.push(immediate::verdict(code, chain));
         }
     }
     Ok(())
@@ -259,11 +244,11 @@ pub(super) fn check_set_key(
 
 pub(super) fn hook_of(b: &BaseChain) -> WireHook {
     let hooknum = match b.hook {
-        Hook::Prerouting => 0,
-        Hook::Input => 1,
-        Hook::Forward => 2,
-        Hook::Output => 3,
-        Hook::Postrouting => 4,
+        Hook::Prerouting => NF_INET_PRE_ROUTING,
+        Hook::Input => NF_INET_LOCAL_IN,
+        Hook::Forward => NF_INET_FORWARD,
+        Hook::Output => NF_INET_LOCAL_OUT,
+        Hook::Postrouting => NF_INET_POST_ROUTING,
     };
     let kind = match b.kind {
         ChainType::Filter => "filter",
