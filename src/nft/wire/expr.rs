@@ -96,6 +96,15 @@ pub fn decode(e: &[u8]) -> WireExpr {
     WireExpr::new(&name, attrs)
 }
 
+/// String attribute `ty` of `e`, when `e` is of `kind`.
+fn string_attr(e: &WireExpr, kind: &Kind, ty: u16) -> Option<String> {
+    if e.name == kind.name {
+        e.attr(ty).map(cstr)
+    } else {
+        None
+    }
+}
+
 /// `NFT_REG_VERDICT`: the register a verdict is written to.
 pub(crate) const NFT_REG_VERDICT: u32 = 0;
 /// `NFT_REG_1`: the first 16-byte data register, where every key and operand of ours starts.

@@ -53,9 +53,5 @@ fn attrs(set: &str, op: u32, timeout_ms: u64) -> Vec<(u16, Vec<u8>)> {
 
 /// The set `e` adds to or deletes from, if it is a dynset.
 pub(crate) fn set_of(e: &WireExpr) -> Option<String> {
-    if e.name == KIND.name {
-        e.attr(DYNSET_SET_NAME).map(cstr)
-    } else {
-        None
-    }
+    string_attr(e, &KIND, DYNSET_SET_NAME)
 }

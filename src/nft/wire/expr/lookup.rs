@@ -41,9 +41,5 @@ fn with_flags(set: &str, dreg: Option<u32>, flags: u32) -> WireExpr {
 
 /// The set `e` looks up, if it is a lookup.
 pub(crate) fn set_of(e: &WireExpr) -> Option<String> {
-    if e.name == KIND.name {
-        e.attr(LOOKUP_SET).map(cstr)
-    } else {
-        None
-    }
+    string_attr(e, &KIND, LOOKUP_SET)
 }
