@@ -7,7 +7,6 @@
 //! applies without re-validating the chain graph; only a change of a Service's endpoint count
 //! moves its verdict element to another (tiny) `pick-<k>` chain.
 
-use std::cell::Cell;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -32,25 +31,28 @@ use crate::model::{
 /// the other Services, not on the Service alone.
 pub type Contested = BTreeSet<ServiceName>;
 
-thread_local! {
-    /// Where `finish` notes contested keys while [`build_noting_contested`] runs on this thread.
-    /// A side channel so that every module's sets (which all go through `set`) are covered
-    /// without threading a collector through each of them.
-    static CONTESTED: Cell<Option<Contested>> = const { Cell::new(None) };
-}
-
-/// [`build`], also returning the Services involved in a contested key (the one that kept it and
-/// those whose element was dropped). The incremental sync rebuilds single Services, which is
-/// only sound for Services whose elements do not depend on the others.
+/// [`build_with`], also returning the Services involved in a contested key (the one that kept
+/// it and those whose element was dropped). The incremental sync rebuilds single Services,
+/// which is only sound for Services whose elements do not depend on the others.
 pub fn build_noting_contested(
     state: &ClusterState,
     settings: &Settings,
     hints: &Hints,
 ) -> (Ruleset, Contested) {
-    let outer = CONTESTED.replace(Some(Contested::new()));
-    let ruleset = build_with(state, settings, hints);
-    let contested = CONTESTED.replace(outer).unwrap_or_default();
-    (ruleset, contested)
+    let mut contested = Contested::new();
+    let tables = IpFamily::ALL
+        .iter()
+        .map(|&family| {
+            let claims = Claims::new(state, family);
+            contested.extend(claims.contested());
+            let mut table = build_table(state, settings, family, &claims, &mut contested);
+            // Source ranges and session affinity live in their own modules.
+            firewall::add(state, settings, family, &claims, &mut table, &mut contested);
+            affinity::add(state, &mut table, hints, &mut contested);
+            table
+        })
+        .collect();
+    (Ruleset { tables }, contested)
 }
 
 /// Builds both tables, with ClientIP-affinity slots in sorted endpoint order.
@@ -61,20 +63,7 @@ pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
 /// Builds both tables, keeping every ClientIP-affinity endpoint in the slot `hints` gives it
 /// (see [`affinity`]): pass what the kernel holds so that pinned clients stay where they are.
 pub fn build_with(state: &ClusterState, settings: &Settings, hints: &Hints) -> Ruleset {
-    Ruleset {
-        tables: IpFamily::ALL
-            .iter()
-            .map(|&family| {
-                let claims = Claims::new(state, family);
-                note_clashes(&claims);
-                let mut table = build_table(state, settings, family, &claims);
-                // Source ranges and session affinity live in their own modules.
-                firewall::add(state, settings, family, &claims, &mut table);
-                affinity::add(state, &mut table, hints);
-                table
-            })
-            .collect(),
-    }
+    build_noting_contested(state, settings, hints).0
 }
 
 pub mod affinity;
@@ -85,7 +74,6 @@ mod firewall;
 mod layout;
 mod settings;
 
-use claims::note_clashes;
 pub use claims::{AddressKind, Claim, Claims, Clash};
 pub use diagnostics::{address_warnings, diagnostics};
 use layout::*;
@@ -125,10 +113,10 @@ fn insert(elements: &mut Elements, elem: Element) {
 /// Sorts by key and drops later duplicates: two Services claiming the same address and port (or
 /// NodePort) is an API-server invariant violation; the first one in name order keeps it (the
 /// sort is stable), so the result stays deterministic. Two Services sharing a local endpoint
-/// share its hairpin key the same way.
-fn finish(mut elements: Elements) -> Vec<Element> {
+/// share its hairpin key the same way. The Services of a key claimed by more than one go into
+/// `contested`.
+fn finish(mut elements: Elements, contested: &mut Contested) -> Vec<Element> {
     elements.sort_by(|a, b| a.key.cmp(&b.key));
-    let mut contested: Vec<ServiceName> = Vec::new();
     elements.dedup_by(|later, earlier| {
         let same = later.key == earlier.key;
         if same {
@@ -140,23 +128,9 @@ fn finish(mut elements: Elements) -> Vec<Element> {
         }
         same
     });
-    note_contested(contested);
     // The vectors grew by doubling; at 10k services the pick maps' slack alone is megabytes.
     elements.shrink_to_fit();
     elements
-}
-
-/// Records Services in a contested key while [`build_noting_contested`] runs.
-fn note_contested(services: Vec<ServiceName>) {
-    if services.is_empty() {
-        return;
-    }
-    CONTESTED.with(|c| {
-        if let Some(mut noted) = c.take() {
-            noted.extend(services);
-            c.set(Some(noted));
-        }
-    });
 }
 
 fn goto(chain: String) -> Option<ElemData> {
@@ -451,12 +425,15 @@ fn endpoint_data(ep: &Endpoint<'_>) -> ElemData {
     ElemData::Value(vec![Atom::Addr(ep.addr), Atom::Port(ep.port)])
 }
 
+/// A set of `elements`, finished: the Services of a key more than one of them claims go into
+/// `contested`.
 fn set(
     name: &str,
     comment: &str,
     key: Vec<KeyField>,
     data: Option<SetData>,
     elements: Elements,
+    contested: &mut Contested,
 ) -> Set {
     Set {
         name: name.to_string(),
@@ -464,7 +441,7 @@ fn set(
         key,
         data,
         typeof_: false,
-        elements: finish(elements),
+        elements: finish(elements, contested),
         kind: Default::default(),
     }
 }

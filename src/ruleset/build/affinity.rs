@@ -85,7 +85,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::{Elements, chain, goto, set};
+use super::{Contested, Elements, chain, goto, set};
 use crate::model::{ClusterState, Protocol, ServicePortName};
 use crate::ruleset::names;
 use crate::ruleset::{Atom, ElemData, Element, KeyField, SetData, SetKind, Stmt, Table, Verdict};
@@ -421,8 +421,14 @@ struct Slots {
     sparse_slots: usize,
 }
 
-/// Rewrites `table` for the services with ClientIP affinity, keeping the slots `hints` gives.
-pub(super) fn add(state: &ClusterState, table: &mut Table, hints: &Hints) {
+/// Rewrites `table` for the services with ClientIP affinity, keeping the slots `hints` gives
+/// (the Services of a key claimed twice in its sets go into `contested`).
+pub(super) fn add(
+    state: &ClusterState,
+    table: &mut Table,
+    hints: &Hints,
+    contested: &mut Contested,
+) {
     let timeout_of = |origin: &Option<Arc<ServicePortName>>| {
         origin
             .as_ref()
@@ -538,7 +544,7 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, hints: &Hints) {
     }
     drop_unused_picks(table);
     for (path, slots) in paths {
-        slots.add_objects(path, table);
+        slots.add_objects(path, table, contested);
     }
 }
 
@@ -594,7 +600,7 @@ impl Slots {
     }
 
     /// The static sets, maps and chains of `path` that the elements need.
-    fn add_objects(mut self, path: Path, table: &mut Table) {
+    fn add_objects(mut self, path: Path, table: &mut Table, contested: &mut Contested) {
         let what = path.what();
         let traffic = path.traffic();
         let eps = path.endpoints();
@@ -606,6 +612,7 @@ impl Slots {
                 path.pin_key(),
                 None,
                 Vec::new(),
+                contested,
             );
             pins.kind = SetKind::Dynamic;
             pins.typeof_ = true;
@@ -616,6 +623,7 @@ impl Slots {
                 path.service_key(),
                 Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
                 self.endpoints.remove(&i).unwrap_or_default(),
+                contested,
             ));
             if i >= self.sparse_slots {
                 continue;
@@ -626,6 +634,7 @@ impl Slots {
                 path.service_key(),
                 Some(SetData::Verdict),
                 self.chains.remove(&i).unwrap_or_default(),
+                contested,
             ));
         }
         for (k, elements) in std::mem::take(&mut self.random) {
@@ -636,6 +645,7 @@ impl Slots {
                 path.random_key(k),
                 Some(SetData::Verdict),
                 elements,
+                contested,
             );
             random.typeof_ = true;
             table.sets.push(random);

@@ -153,6 +153,14 @@ impl<'a> Claims<'a> {
         Claims { winners, clashes }
     }
 
+    /// The Services of every clash: each depends on the others, so a change to any of them
+    /// needs a full build (see `sync::incremental`).
+    pub(super) fn contested(&self) -> impl Iterator<Item = ServiceName> + '_ {
+        self.clashes
+            .iter()
+            .flat_map(|c| [c.winner.service.clone(), c.loser.service.clone()])
+    }
+
     /// Whether `service` keeps `addr . protocol . port` (true for a key nobody else claims).
     pub(super) fn keeps(
         &self,
@@ -165,16 +173,4 @@ impl<'a> Claims<'a> {
             .get(&(addr, protocol, port))
             .is_none_or(|w| w.service == service)
     }
-}
-
-/// Every Service in a clash depends on the others: a change to any of them needs a full build
-/// (see `sync::incremental`).
-pub(super) fn note_clashes(claims: &Claims<'_>) {
-    note_contested(
-        claims
-            .clashes
-            .iter()
-            .flat_map(|c| [c.winner.service.clone(), c.loser.service.clone()])
-            .collect(),
-    );
 }

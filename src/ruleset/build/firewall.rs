@@ -23,7 +23,7 @@
 
 use ipnet::IpNet;
 
-use super::{Claims, Elements, Origin, base, chain, element, jump, service_key, set};
+use super::{Claims, Contested, Elements, Origin, base, chain, element, jump, service_key, set};
 use crate::model::{ClusterState, IpFamily};
 use crate::ruleset::names;
 use crate::ruleset::{Atom, ChainType, Hook, KeyField, SetKind, Stmt, Table, Verdict};
@@ -40,6 +40,7 @@ pub(super) fn add(
     family: IpFamily,
     claims: &Claims<'_>,
     table: &mut Table,
+    contested: &mut Contested,
 ) {
     let mut ips = Elements::new();
     let mut allow = Elements::new();
@@ -123,6 +124,7 @@ pub(super) fn add(
         service_key(),
         None,
         ips,
+        contested,
     ));
     let mut allowed_key = service_key();
     allowed_key.push(KeyField::Saddr);
@@ -132,6 +134,7 @@ pub(super) fn add(
         allowed_key.clone(),
         None,
         allow,
+        contested,
     );
     allowed.kind = SetKind::Interval;
     sets.push(allowed);

@@ -64,6 +64,7 @@ pub(super) fn pick_objects(
     picks: Picks,
     sets: &mut Vec<Set>,
     chains: &mut Vec<Chain>,
+    contested: &mut Contested,
 ) {
     for (k, elements) in picks {
         let modulus = u32::try_from(k).unwrap_or(u32::MAX);
@@ -78,6 +79,7 @@ pub(super) fn pick_objects(
             key.clone(),
             Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
             elements,
+            contested,
         );
         s.typeof_ = true;
         sets.push(s);
@@ -144,6 +146,7 @@ pub(super) fn build_table(
     settings: &Settings,
     family: IpFamily,
     claims: &Claims<'_>,
+    contested: &mut Contested,
 ) -> Table {
     let c = collect(state, settings, family, claims);
     let mark = settings.mark;
@@ -157,6 +160,7 @@ pub(super) fn build_table(
         vec![KeyField::Daddr],
         None,
         c.cluster_ips,
+        contested,
     )];
     if !all_addresses {
         sets.push(set(
@@ -165,6 +169,7 @@ pub(super) fn build_table(
             vec![KeyField::Daddr],
             None,
             c.nodeport_ips,
+            contested,
         ));
     }
     sets.extend([
@@ -175,6 +180,7 @@ pub(super) fn build_table(
             service_key(),
             verdicts.clone(),
             c.service_ips,
+            contested,
         ),
         set(
             names::SERVICE_NODEPORTS,
@@ -182,6 +188,7 @@ pub(super) fn build_table(
             nodeport_key(),
             verdicts.clone(),
             c.service_nodeports,
+            contested,
         ),
         set(
             names::EXTERNAL_PICKS,
@@ -189,6 +196,7 @@ pub(super) fn build_table(
             service_key(),
             verdicts.clone(),
             c.external_picks,
+            contested,
         ),
         set(
             names::EXTERNAL_LOCAL_PICKS,
@@ -196,6 +204,7 @@ pub(super) fn build_table(
             service_key(),
             verdicts.clone(),
             c.external_local_picks,
+            contested,
         ),
         set(
             names::NODEPORT_PICKS,
@@ -203,6 +212,7 @@ pub(super) fn build_table(
             nodeport_key(),
             verdicts.clone(),
             c.nodeport_picks,
+            contested,
         ),
         set(
             names::NODEPORT_LOCAL_PICKS,
@@ -210,6 +220,7 @@ pub(super) fn build_table(
             nodeport_key(),
             verdicts.clone(),
             c.nodeport_local_picks,
+            contested,
         ),
         set(
             names::NO_ENDPOINT_SERVICES,
@@ -217,6 +228,7 @@ pub(super) fn build_table(
             service_key(),
             verdicts.clone(),
             c.no_endpoint_services,
+            contested,
         ),
         set(
             names::NO_ENDPOINT_NODEPORTS,
@@ -224,6 +236,7 @@ pub(super) fn build_table(
             nodeport_key(),
             verdicts,
             c.no_endpoint_nodeports,
+            contested,
         ),
         set(
             names::HAIRPIN_CONNECTIONS,
@@ -236,6 +249,7 @@ pub(super) fn build_table(
             ],
             None,
             c.hairpin,
+            contested,
         ),
     ]);
 
@@ -245,7 +259,7 @@ pub(super) fn build_table(
             .iter()
             .zip([c.picks, c.local_picks, c.np_picks, c.np_local_picks])
     {
-        pick_objects(kind, picks, &mut sets, &mut pick_chains);
+        pick_objects(kind, picks, &mut sets, &mut pick_chains, contested);
     }
 
     let mut services_rules = Vec::new();
