@@ -20,6 +20,7 @@ pub mod nft;
 pub mod node_setup;
 pub mod notify;
 pub mod oneshot;
+pub mod report;
 pub mod ruleset;
 pub mod source;
 pub mod sync;

@@ -7,6 +7,9 @@ use std::process::ExitCode;
 
 use nodeproxy::config::{self, ConfigError, LogFormat, Mode};
 use nodeproxy::oneshot::{self, DiffOutcome};
+use nodeproxy::report;
+
+use anyhow::Context as _;
 
 /// jemalloc instead of glibc's malloc: it hands freed pages back to the OS (after the decay
 /// set in `.cargo/config.toml`), so the daemon's resident memory follows its live heap. With
@@ -29,7 +32,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(err) => {
-            eprintln!("nodeproxy: {err}");
+            eprintln!("nodeproxy: {}", report::chain(&err));
             return ExitCode::from(err.exit_code());
         }
     };
@@ -77,21 +80,9 @@ impl std::fmt::Display for UsageError {
     }
 }
 
-/// An error and its causes on one line, each cause once: a layer whose message already quotes
-/// its cause (ours and some of kube's do) does not get it appended a second time.
+/// An error and its causes on one line, `a: b: c` ([`report::chain`]).
 fn report(err: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in err.chain() {
-        let cause = cause.to_string();
-        if text.contains(&cause) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&cause);
-    }
-    text
+    report::chain(err.as_ref()).to_string()
 }
 
 impl std::error::Error for UsageError {}
@@ -133,8 +124,7 @@ fn run(loaded: &config::Loaded) -> anyhow::Result<()> {
         }
         Mode::WriteConfig(path) => {
             let text = config::render_effective(config, &loaded.provenance);
-            std::fs::write(path, text)
-                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
+            std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
         }
         Mode::InitOnly => oneshot::init_only(config).map_err(usage),
         Mode::Cleanup => oneshot::cleanup(config).map_err(usage),

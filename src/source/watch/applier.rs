@@ -2,6 +2,7 @@
 //! validated model objects, each change noted for the incremental sync.
 
 use super::*;
+use crate::report;
 
 /// A fixed delay between attempts (tests); production uses kube's client-go-like default.
 pub(super) struct FixedBackoff(Duration);
@@ -108,13 +109,13 @@ pub(super) async fn run<K: Kind>(
             }
             Err(err) => {
                 if lost {
-                    tracing::debug!(kind = K::NAME, error = %err, "{} watch still failing", K::NAME);
+                    tracing::debug!(kind = K::NAME, error = %report::chain(&err), "{} watch still failing", K::NAME);
                 } else {
                     tracing::warn!(
                         kind = K::NAME,
                         "lost the API server ({} watch): {}; keeping the last known state and retrying",
                         K::NAME,
-                        error_chain(&err)
+                        report::chain(&err)
                     );
                     lost = true;
                 }
@@ -429,23 +430,6 @@ impl<K: Kind> Applier<K> {
                 .unwrap_or_else(PoisonError::into_inner),
         ))
     }
-}
-
-/// An error with its causes, `outer: cause: root`: kube's top-level messages ("error reading a
-/// body from connection") hide the part an operator needs ("timed out", "connection refused").
-pub(super) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        // Some layers repeat their cause's message in their own.
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// How many keys were added, removed or changed between two versions of one kind, and the
