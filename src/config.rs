@@ -259,10 +259,11 @@ pub enum ConfigError {
     /// `--help` or `--version` was asked for: print this text to stdout and exit 0.
     #[error("{0}")]
     HelpOrVersion(String),
-    #[error("cannot read config file {} (from {origin}): {error}", .path.display())]
+    #[error("cannot read config file {} (from {origin})", .path.display())]
     ReadFile {
         path: PathBuf,
         origin: String,
+        #[source]
         error: std::io::Error,
     },
     #[error("config file {} is not valid TOML: {message}", .path.display())]

@@ -50,11 +50,11 @@ const RECV_BUF: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConntrackError {
-    #[error("conntrack: {context}: {source}")]
+    #[error("conntrack: {context}")]
     Io { context: String, source: io::Error },
-    #[error("conntrack: the kernel refused to dump the {family} table: {source}")]
+    #[error("conntrack: the kernel refused to dump the {family} table")]
     Dump { family: IpFamily, source: io::Error },
-    #[error("conntrack: cannot delete {flow}: {source}")]
+    #[error("conntrack: cannot delete {flow}")]
     Delete { flow: String, source: io::Error },
     #[error("conntrack: unexpected netlink data: {0}")]
     Protocol(String),

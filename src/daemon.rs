@@ -52,6 +52,7 @@ use crate::nft::owner::{self, Ownership, TakeOver};
 use crate::nft::probe::{self, Missing};
 use crate::nft::{Kernel, NetlinkKernel, NftError, ReplyKind};
 use crate::notify::{self, Progress};
+use crate::report;
 use crate::ruleset::Settings;
 use crate::source::Loaded;
 use crate::source::watch::{self, Changes, ClusterWatch, WatchError};
@@ -87,19 +88,19 @@ const FAMILIES: [IpFamily; 2] = IpFamily::ALL;
 pub enum DaemonError {
     #[error(transparent)]
     Lock(#[from] LockError),
-    #[error("opening the netlink socket: {0}")]
+    #[error("opening the netlink socket")]
     Netlink(#[source] NftError),
-    #[error("probing the kernel's nftables features: {0}")]
+    #[error("probing the kernel's nftables features")]
     Probe(#[source] NftError),
     #[error("the kernel lacks nftables features nodeproxy needs: {}", list_missing(.0))]
     MissingFeatures(Vec<Missing>),
-    #[error("removing kube-proxy's leftovers (--cleanup-kube-proxy): {0}")]
+    #[error("removing kube-proxy's leftovers (--cleanup-kube-proxy)")]
     Leftovers(#[source] LeftoverError),
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("building the API client: {0}")]
+    #[error("building the API client")]
     Client(#[from] WatchError),
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         context: &'static str,
         #[source]
@@ -107,7 +108,7 @@ pub enum DaemonError {
     },
     #[error("the sync thread stopped unexpectedly")]
     SyncThread,
-    #[error("{what} server (--bind-address-hard-fail): {source}")]
+    #[error("{what} server (--bind-address-hard-fail)")]
     Bind {
         what: &'static str,
         #[source]
@@ -245,7 +246,10 @@ fn handle_leftovers(kernel: &mut NetlinkKernel, cleanup: bool) -> Result<(), Dae
     let found = match leftovers::detect_with(kernel) {
         Ok(found) => found,
         Err(e) => {
-            tracing::warn!("cannot check for kube-proxy leftovers: {e}");
+            tracing::warn!(
+                "cannot check for kube-proxy leftovers: {}",
+                report::chain(&e)
+            );
             return Ok(());
         }
     };
@@ -443,7 +447,11 @@ async fn serve(
                 return;
             }
             Err(e) => {
-                tracing::error!(%addr, "{what} server: {e}; retrying in {REBIND_DELAY:?}");
+                tracing::error!(
+                    %addr,
+                    "{what} server: {}; retrying in {REBIND_DELAY:?}",
+                    report::chain(&e)
+                );
                 tokio::select! {
                     () = tokio::time::sleep(REBIND_DELAY) => {}
                     () = stopped(shutdown.clone()) => return,

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use crate::http::{self, Body, Handler, HttpError, HttpServer};
 use crate::metrics::Metrics;
 use crate::model::IpFamily;
+use crate::report;
 
 /// Where "now" comes from.
 pub trait Clock: Send + Sync + 'static {
@@ -538,7 +539,7 @@ impl HealthCheckServers {
                         port,
                         on = %target,
                         service = %format_args!("{}/{}", svc.namespace, svc.name),
-                        error = %e,
+                        error = %report::chain(&e),
                         "cannot open health-check node port; retrying on the next sync"
                     ),
                 }

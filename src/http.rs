@@ -25,6 +25,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::report;
+
 /// How long open connections get to finish after shutdown is signalled.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -43,7 +45,7 @@ pub type Handler = Arc<dyn Fn(&Request<Incoming>) -> Response<Body> + Send + Syn
 /// A server that could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
@@ -137,7 +139,7 @@ async fn serve_connection(stream: TcpStream, handler: Handler, mut stop: watch::
     tokio::select! {
         res = conn.as_mut() => {
             if let Err(e) = res {
-                tracing::debug!(error = %e, "HTTP connection ended with an error");
+                tracing::debug!(error = %report::chain(&e), "HTTP connection ended with an error");
             }
             return;
         }
@@ -145,7 +147,7 @@ async fn serve_connection(stream: TcpStream, handler: Handler, mut stop: watch::
         _ = stop.wait_for(|stopping| *stopping) => conn.as_mut().graceful_shutdown(),
     }
     if let Err(e) = conn.await {
-        tracing::debug!(error = %e, "HTTP connection ended with an error while draining");
+        tracing::debug!(error = %report::chain(&e), "HTTP connection ended with an error while draining");
     }
 }
 

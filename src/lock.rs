@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 pub enum LockError {
     #[error("another nodeproxy holds the lock {}{}", path.display(), pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
     Held { path: PathBuf, pid: Option<u32> },
-    #[error("lock {}: {context}: {source}", path.display())]
+    #[error("lock {}: {context}", path.display())]
     Io {
         path: PathBuf,
         context: &'static str,

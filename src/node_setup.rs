@@ -24,6 +24,8 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 
+use crate::report;
+
 /// kube-proxy caps the scaled maximum so that a machine with hundreds of cores does not get a
 /// table of many millions of entries (kubernetes PR #137002, in 1.36).
 pub const CONNTRACK_MAX_CAP: u32 = 1_048_576;
@@ -109,8 +111,18 @@ pub struct Warning {
 }
 
 impl fmt::Display for Warning {
+    /// The setting, the error and its causes, then what to do about it when there is a remedy.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} left as it is: {}", self.name, self.error)
+        write!(
+            f,
+            "{} left as it is: {}",
+            self.name,
+            report::chain(&self.error)
+        )?;
+        if let Some(remedy) = self.error.remedy() {
+            write!(f, "; {remedy}")?;
+        }
+        Ok(())
     }
 }
 
@@ -123,18 +135,19 @@ pub struct Report {
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeSetupError {
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Read { path: PathBuf, source: io::Error },
     #[error("{}: expected an integer, found {found:?}", path.display())]
     Parse { path: PathBuf, found: String },
-    #[error("{}: not allowed to write {wanted} ({source}); {remedy}", path.display())]
+    /// [`NodeSetupError::remedy`] says what to do about it.
+    #[error("{}: not allowed to write {wanted}", path.display())]
     NotPermitted {
         path: PathBuf,
         wanted: i64,
         source: io::Error,
         remedy: &'static str,
     },
-    #[error("{}: cannot write {wanted}: {source}", path.display())]
+    #[error("{}: cannot write {wanted}", path.display())]
     Write {
         path: PathBuf,
         wanted: i64,
@@ -142,6 +155,16 @@ pub enum NodeSetupError {
     },
     #[error("{}: {value} is out of range, expected -1000..=1000", path.display())]
     OomScoreAdjRange { path: PathBuf, value: i32 },
+}
+
+impl NodeSetupError {
+    /// What the operator can do about a refusal by the kernel.
+    pub fn remedy(&self) -> Option<&'static str> {
+        match self {
+            NodeSetupError::NotPermitted { remedy, .. } => Some(remedy),
+            _ => None,
+        }
+    }
 }
 
 /// Applies `settings` under `proc_sys` (the real caller passes `/proc/sys`) and `sys` (`/sys`)
@@ -325,7 +348,11 @@ pub fn set_up_host(conntrack: &Conntrack, oom_score_adj: i32) -> Report {
     // Not a warning, as in kube-proxy (which logs it at -v=2): a pod without CAP_SYS_RESOURCE
     // cannot lower its score, and kubelet has already set one by QoS class.
     if let Err(error) = set_oom_score_adj(Path::new("/proc/self"), oom_score_adj) {
-        tracing::info!("oom_score_adj left as it is: {error}");
+        let warning = Warning {
+            name: "oom_score_adj",
+            error,
+        };
+        tracing::info!("{warning}");
     }
     report
 }

@@ -21,7 +21,7 @@ use crate::sync;
 /// from runtime failures (exit 1).
 #[derive(Debug, thiserror::Error)]
 pub enum ModeError {
-    #[error("reading the API server: {0}")]
+    #[error("reading the API server")]
     Api(#[source] DaemonError),
     #[error(transparent)]
     Input(SourceError),
@@ -37,7 +37,7 @@ pub enum ModeError {
     Config(ConfigError),
     #[error(transparent)]
     Lock(LockError),
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Kernel {
         context: &'static str,
         #[source]
@@ -52,7 +52,7 @@ pub enum ModeError {
     CleanupRefused(String),
     #[error(transparent)]
     Explain(EvalError),
-    #[error("writing the output: {0}")]
+    #[error("writing the output")]
     Output(#[source] io::Error),
     #[error("the node set-up is incomplete: {}", .0.join("; "))]
     NodeSetup(Vec<String>),

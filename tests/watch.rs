@@ -539,10 +539,11 @@ async fn master_overrides_the_server_of_the_kubeconfig_and_works_alone() {
     let err = watch::config(Some(missing), None, &Timeouts::default())
         .await
         .unwrap_err();
+    // The message names the file; kube's reason (it cannot be read) follows in the chain.
+    let text = nodeproxy::report::chain(&err).to_string();
     assert!(
-        err.to_string()
-            .starts_with("kubeconfig /nonexistent/kubeconfig:"),
-        "{err}"
+        text.starts_with("kubeconfig /nonexistent/kubeconfig: "),
+        "{text}"
     );
 }
 

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 use crate::model::{ClusterState, ServiceName};
+use crate::report;
 use crate::sync::{Rejection, SyncOutcome};
 
 /// Per object (a Service, the Node): this many Events at once…
@@ -296,7 +297,7 @@ async fn publish(recorder: &Recorder, notice: &Notice, metrics: &Metrics) {
             .await
         {
             Ok(Ok(())) => return,
-            Ok(Err(e)) => e.to_string(),
+            Ok(Err(e)) => report::chain(&e).to_string(),
             Err(_) => format!("no answer within {PUBLISH_TIMEOUT:?}"),
         };
     metrics.inc_events_dropped("publish_failed");

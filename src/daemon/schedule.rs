@@ -204,6 +204,7 @@ pub(super) async fn sync_loop(
             }
             Err(e) => {
                 let delay = schedule.failed(Instant::now());
+                let e = report::chain(&e);
                 tracing::error!(
                     "sync failed: {e}; retrying with a full read-back in {:.1} s",
                     delay.as_secs_f64()

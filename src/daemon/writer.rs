@@ -356,7 +356,8 @@ impl<K: Kernel> Writer<K> {
                 }
                 Err(e) => {
                     tracing::warn!(
-                        "UDP conntrack reconciliation ({f}) failed, retried on the next sync: {e}"
+                        "UDP conntrack reconciliation ({f}) failed, retried on the next sync: {}",
+                        report::chain(&e)
                     );
                     self.conntrack_retry.insert(f);
                 }

@@ -41,8 +41,11 @@ async fn a_bind_failure_names_the_address() {
     let blocker = std::net::TcpListener::bind((LOCALHOST, 0)).unwrap();
     let addr = blocker.local_addr().unwrap();
     let err = HttpServer::bind(addr, hello()).await.err().unwrap();
+    // The message names the address; the cause (address in use) follows in the chain.
+    assert_eq!(err.to_string(), format!("cannot listen on {addr}"));
     assert!(
-        err.to_string()
+        report::chain(&err)
+            .to_string()
             .starts_with(&format!("cannot listen on {addr}: ")),
         "{err}"
     );

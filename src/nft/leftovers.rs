@@ -95,9 +95,9 @@ impl fmt::Display for Leftover {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeftoverError {
-    #[error("kube-proxy leftovers: {0}")]
+    #[error("kube-proxy leftovers")]
     Nft(#[from] NftError),
-    #[error("kube-proxy leftovers: read {}: {source}", path.display())]
+    #[error("kube-proxy leftovers: read {}", path.display())]
     Proc { path: PathBuf, source: io::Error },
 }
 

@@ -154,7 +154,7 @@ fn list_rejected(errors: &[RejectedOp]) -> String {
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         context: String,
         source: std::io::Error,

@@ -16,6 +16,7 @@ use super::diff::{Op, Plan};
 use super::uapi::{TABLE_F_OWNED, TABLE_F_OWNER, TABLE_F_PERSIST};
 use super::{Kernel, NetlinkKernel, NftError};
 use crate::model::IpFamily;
+use crate::report;
 
 /// Whether our tables are owned by the process programming them, from what the kernel supports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,8 +155,9 @@ impl fmt::Display for TakeOver {
             ),
             TakeOver::ClaimFailed(e) => write!(
                 f,
-                "was left by a previous nodeproxy, but taking it over failed ({e}); every sync \
-                 tries again"
+                "was left by a previous nodeproxy, but taking it over failed ({}); every sync \
+                 tries again",
+                report::chain(e)
             ),
             TakeOver::OwnedByOther(owner) => write!(
                 f,

@@ -33,7 +33,6 @@ pub struct Loaded {
 /// A source that produced nothing usable. The binary exits with status 2 on it.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// The cause is the `source()`, which the reporter prints after this message.
     #[error("{}: cannot read", path.display())]
     Read {
         path: PathBuf,

@@ -6,26 +6,27 @@ use super::*;
 /// Why no API client could be built.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
-    #[error("kubeconfig {}: {source}", path.display())]
+    #[error("kubeconfig {}", path.display())]
     Kubeconfig {
         path: PathBuf,
         #[source]
         source: KubeconfigError,
     },
     #[error(
-        "no --kubeconfig and no in-cluster configuration ({source}); pass --kubeconfig or run in a pod with a service account"
+        "no --kubeconfig, and no in-cluster configuration to fall back on (pass --kubeconfig, or \
+         run in a pod with a service account)"
     )]
     InCluster {
         #[source]
         source: kube::config::InClusterError,
     },
-    #[error("--master {url:?} is not a URL: {source}")]
+    #[error("--master {url:?} is not a URL")]
     Master {
         url: String,
         #[source]
         source: http::uri::InvalidUri,
     },
-    #[error("cannot build an API client for {url}: {source}")]
+    #[error("cannot build an API client for {url}")]
     Client {
         url: String,
         #[source]
