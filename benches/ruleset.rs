@@ -1,10 +1,12 @@
 //! Benchmarks of the pure pipeline at 10k services × 10 endpoints: building the ruleset from the
-//! model, rendering nft text, lowering to the wire form, and diffing (no change / one endpoint
-//! changed); and one sync after one EndpointSlice changed, full (`Syncer::sync`) against
-//! incremental (`Syncer::sync_changed`). The kernel side is measured by
-//! `scripts/bench-kernel.sh`: here the kernel accepts every plan without doing anything.
+//! model, rendering nft text, lowering to the wire form, and diffing (no change / two endpoints
+//! changed); and one sync after two EndpointSlices changed (the first endpoint of two
+//! Services), full (`Syncer::sync`) against incremental (`Syncer::sync_changed`). The kernel
+//! side is measured by `scripts/bench-kernel.sh`: here the kernel accepts every plan without
+//! doing anything, so a sync's time is its user-space time.
 //!
-//! Run: `cargo bench --bench ruleset` (`-- "one endpoint changed/"` for the sync comparison).
+//! Run: `cargo bench --bench ruleset` (`-- "two slices changed/"` for the sync comparison);
+//! `NP_SERVICES` and `NP_ENDPOINTS` set the size (default 10000 × 10).
 
 // A benchmark aborts on broken setup; there is nothing to recover.
 #![allow(clippy::expect_used, clippy::panic)]
@@ -23,8 +25,19 @@ use nodeproxy::nft::{self, ApplyStats, Kernel, NftError, Plan, WireTable};
 use nodeproxy::ruleset::{self, Settings};
 use nodeproxy::sync::{Incremental, Syncer};
 
-const SERVICES: u32 = 10_000;
-const ENDPOINTS: u32 = 10;
+/// Services and endpoints per Service: `NP_SERVICES`, `NP_ENDPOINTS` (10000 × 10).
+fn size() -> (u32, u32) {
+    let var = |name: &str, default: u32| {
+        std::env::var(name)
+            .ok()
+            .map_or(default, |v| v.parse().expect("a number"))
+    };
+    (var("NP_SERVICES", 10_000), var("NP_ENDPOINTS", 10))
+}
+
+fn label(services: u32, endpoints: u32) -> String {
+    format!("{}k services x {endpoints} endpoints", services / 1000)
+}
 
 fn name(ns: String, name: String) -> ServiceName {
     ServiceName {
@@ -61,8 +74,10 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
             .map(|e| {
                 let slot = s * endpoints + e;
                 let mut addr = 0x0A80_0000 + slot;
-                if changed_endpoint && slot == 0 {
-                    addr = 0x0AFF_FFFE;
+                // The first endpoint of svc1 and svc2: neither has a NodePort, which at 50k
+                // Services wrap around their range and collide (taking the full path).
+                if changed_endpoint && e == 0 && (s == 1 || s == 2) {
+                    addr = 0x0AFF_FF00 + s;
                 }
                 SliceEndpoint {
                     addr: IpAddr::V4(Ipv4Addr::from(addr)),
@@ -108,8 +123,9 @@ fn settings() -> Settings {
 }
 
 fn pipeline(c: &mut Criterion) {
-    let state = cluster(SERVICES, ENDPOINTS, false);
-    let changed = cluster(SERVICES, ENDPOINTS, true);
+    let (services, endpoints) = size();
+    let state = cluster(services, endpoints, false);
+    let changed = cluster(services, endpoints, true);
     let settings = settings();
     let ruleset = ruleset::build(&state, &settings);
     let v4 = ruleset.table(IpFamily::V4).expect("ip table");
@@ -121,7 +137,7 @@ fn pipeline(c: &mut Criterion) {
     )
     .expect("lower");
 
-    let mut group = c.benchmark_group("10k services x 10 endpoints");
+    let mut group = c.benchmark_group(label(services, endpoints));
     group.sample_size(10);
     group.bench_function("build", |b| {
         b.iter(|| ruleset::build(black_box(&state), &settings))
@@ -133,7 +149,7 @@ fn pipeline(c: &mut Criterion) {
     group.bench_function("diff, nothing changed", |b| {
         b.iter(|| nft::diff(Some(black_box(&wire)), &wire).is_empty())
     });
-    group.bench_function("diff, one endpoint changed", |b| {
+    group.bench_function("diff, two endpoints changed", |b| {
         b.iter(|| nft::diff(Some(black_box(&wire)), &changed_wire).elements_added())
     });
     group.finish();
@@ -165,18 +181,26 @@ impl Kernel for NullKernel {
     }
 }
 
-/// One sync after the first endpoint of one service changed (back and forth, so that every
+/// One sync after the first endpoint of two services changed (back and forth, so that every
 /// iteration has a change to apply), full and incremental.
 fn sync(c: &mut Criterion) {
+    let (services, endpoints) = size();
     let states = [
-        cluster(SERVICES, ENDPOINTS, false),
-        cluster(SERVICES, ENDPOINTS, true),
+        cluster(services, endpoints, false),
+        cluster(services, endpoints, true),
     ];
     let settings = settings();
-    let changed: BTreeSet<ServiceName> = [name("ns0".into(), "svc0".into())].into();
+    let changed: BTreeSet<ServiceName> = [
+        name("ns1".into(), "svc1".into()),
+        name("ns2".into(), "svc2".into()),
+    ]
+    .into();
     let scoped = [states[0].subset(&changed), states[1].subset(&changed)];
 
-    let mut group = c.benchmark_group("10k services x 10 endpoints, one endpoint changed");
+    let mut group = c.benchmark_group(format!(
+        "{}, two slices changed",
+        label(services, endpoints)
+    ));
     group.sample_size(10);
     let mut full = Syncer::new(NullKernel);
     full.sync(&states[0], &settings, false).expect("first sync");

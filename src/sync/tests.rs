@@ -1083,6 +1083,39 @@ fn an_endpoint_change_is_applied_incrementally_without_reading_back() {
 }
 
 #[test]
+fn the_element_index_stays_bounded_over_many_change_syncs() {
+    let mut st = state();
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    let index_bytes = |s: &Syncer<FakeKernel>| s.baseline.as_ref().unwrap().index.key_bytes();
+    let after_full = index_bytes(&syncer);
+    let mut most = 0;
+    // About 32 bytes of keys per sync: 5000 syncs leave far more than the compaction threshold.
+    for i in 0..5000 {
+        // Alternating endpoints: every sync removes the previous ones' runs and adds new ones.
+        let ep = if i % 2 == 0 {
+            "198.51.100.11"
+        } else {
+            "198.51.100.12"
+        };
+        set_endpoints(&mut st, "good", &[ep]);
+        let out = done(syncer.sync_changed(&st.subset(&one("good")), &one("good"), &settings()));
+        assert_eq!(
+            out.report.elements_removed, out.report.elements_added,
+            "sync {i}"
+        );
+        most = most.max(index_bytes(&syncer));
+    }
+    // Compaction keeps the garbage under its threshold (64 KiB beyond twice the live keys)
+    // instead of growing with every sync.
+    assert!(
+        most <= 2 * after_full + (64 << 10) + 1024,
+        "index grew to {most} bytes (after the full sync: {after_full})"
+    );
+    assert!(syncer.kernel().tables == full_tables(&st, &settings()).tables);
+}
+
+#[test]
 fn a_deleted_service_is_removed_incrementally() {
     let mut st = state();
     let mut syncer = Syncer::new(FakeKernel::new());

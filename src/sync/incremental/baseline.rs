@@ -31,6 +31,11 @@ pub(in crate::sync) struct Baseline {
     /// (found by fuzzing: an added Service taking an externalIP from a younger one left the
     /// younger one's elements in place).
     pub(super) claims: HashMap<ClaimKey, BTreeSet<ServiceName>>,
+    /// The same claims by Service, so that a change replaces a Service's claims without
+    /// walking everyone's.
+    pub(super) claims_of: HashMap<ServiceName, Vec<ClaimKey>>,
+    /// Where each origin's elements are in the applied tables.
+    pub(in crate::sync) index: super::index::ElementIndex,
 }
 
 /// An address . protocol . port, or a NodePort (no address), that a Service claims.
@@ -95,6 +100,7 @@ impl Baseline {
         }
 
         let mut families = BTreeMap::new();
+        let mut index = super::index::ElementIndex::default();
         let mut origins: HashMap<ServiceName, Vec<Arc<ServicePortName>>> = HashMap::new();
         let mut seen: HashSet<*const ServicePortName, BuildHasherDefault<AddressHasher>> =
             HashSet::default();
@@ -133,6 +139,7 @@ impl Baseline {
                     last = ptr;
                 }
             }
+            index.add_table(table);
             let reach = reach(table, &fixed);
             let mut support: HashMap<Object, usize> = HashMap::new();
             for (chain, objects) in &reach {
@@ -187,6 +194,8 @@ impl Baseline {
             families,
             origins,
             claims: HashMap::new(),
+            claims_of: HashMap::new(),
+            index,
         })
     }
 
@@ -196,6 +205,7 @@ impl Baseline {
         services: &BTreeMap<ServiceName, Service>,
     ) -> Baseline {
         self.claims.clear();
+        self.claims_of.clear();
         for (name, svc) in services {
             self.claim(name, svc);
         }
@@ -203,17 +213,25 @@ impl Baseline {
     }
 
     pub(super) fn claim(&mut self, name: &ServiceName, svc: &Service) {
-        for key in claim_keys(svc) {
-            self.claims.entry(key).or_default().insert(name.clone());
+        let keys = claim_keys(svc);
+        for key in &keys {
+            self.claims.entry(*key).or_default().insert(name.clone());
         }
+        self.claims_of.insert(name.clone(), keys);
     }
 
     /// The claims of `changed` replaced by those of their versions in `scoped`.
     pub(super) fn reclaim(&mut self, scoped: &ClusterState, changed: &BTreeSet<ServiceName>) {
-        self.claims.retain(|_, holders| {
-            holders.retain(|h| !changed.contains(h));
-            !holders.is_empty()
-        });
+        for name in changed {
+            for key in self.claims_of.remove(name).into_iter().flatten() {
+                if let Some(holders) = self.claims.get_mut(&key) {
+                    holders.remove(name);
+                    if holders.is_empty() {
+                        self.claims.remove(&key);
+                    }
+                }
+            }
+        }
         for name in changed {
             if let Some(svc) = scoped.services.get(name) {
                 self.claim(name, svc);
