@@ -9,7 +9,8 @@
 # With --dist, also what scripts/dist.sh and scripts/test-dist.sh use: objcopy (binutils), python3 (the OCI image writer), cargo-deb and
 # cargo-generate-rpm (the packages), and the tools that test the artifacts: debootstrap and
 # systemd-nspawn (a Debian root booted under a real systemd), lintian, rpm and rpmlint, umoci and
-# skopeo (the image), and cargo-fuzz (scripts/fuzz.sh).
+# skopeo (the image), cargo-fuzz (scripts/fuzz.sh) and cargo-deny (scripts/test.sh's licence,
+# ban and source check of the dependencies, deny.toml).
 set -euo pipefail
 # `cmd | grep -q` under pipefail fails when grep exits at the first match and cmd dies of
 # SIGPIPE; plain grep reads all of its input.
@@ -57,4 +58,7 @@ if $dist; then
     command -v g++ >/dev/null 2>&1 || { apt-get install -y -qq g++; }
     cargo fuzz --version 2>/dev/null | matches -x 'cargo-fuzz 0.13.2' \
         || cargo install --locked --quiet cargo-fuzz@0.13.2
+    # Pinned: deny.toml's keys are this version's. Built from source: about 3 minutes on 2 cores.
+    cargo deny --version 2>/dev/null | matches -x 'cargo-deny 0.20.2' \
+        || cargo install --locked --quiet cargo-deny@0.20.2
 fi
