@@ -24,3 +24,4 @@ pub mod report;
 pub mod ruleset;
 pub mod source;
 pub mod sync;
+pub mod token_bucket;

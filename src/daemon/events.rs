@@ -28,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::model::{ClusterState, ServiceName};
 use crate::report;
 use crate::sync::{Rejection, SyncOutcome};
+use crate::token_bucket::{Rate, TokenBucket};
 
 /// Per object (a Service, the Node): this many Events at once…
 pub(super) const PER_OBJECT_BURST: u32 = 5;
@@ -312,75 +313,56 @@ async fn publish(recorder: &Recorder, notice: &Notice, metrics: &Metrics) {
 /// interval.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Limits {
-    pub(super) per_object_burst: u32,
-    pub(super) per_object_interval: Duration,
-    pub(super) global_burst: u32,
-    pub(super) global_interval: Duration,
+    pub(super) per_object: Rate,
+    pub(super) global: Rate,
 }
 
 impl Limits {
     pub(super) const DEFAULT: Limits = Limits {
-        per_object_burst: PER_OBJECT_BURST,
-        per_object_interval: PER_OBJECT_INTERVAL,
-        global_burst: GLOBAL_BURST,
-        global_interval: GLOBAL_INTERVAL,
+        per_object: Rate {
+            burst: PER_OBJECT_BURST,
+            interval: PER_OBJECT_INTERVAL,
+        },
+        global: Rate {
+            burst: GLOBAL_BURST,
+            interval: GLOBAL_INTERVAL,
+        },
     };
 }
 
-/// A token bucket kept as the time it is next empty of debt (GCRA): `burst` Events at once,
-/// then one per `interval`. No floats, and a bucket at or before `now` is simply full.
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    /// When the bucket has refilled completely; `None` while it is full.
-    full_at: Option<Instant>,
-}
-
-impl Bucket {
-    const FULL: Bucket = Bucket { full_at: None };
-
-    /// Where the bucket would be after one more Event at `now`, if `burst` and `interval`
-    /// allow it.
-    fn after_one(self, now: Instant, burst: u32, interval: Duration) -> Option<Bucket> {
-        let start = self.full_at.map_or(now, |t| t.max(now));
-        let next = start.checked_add(interval)?;
-        (next.saturating_duration_since(now) <= interval.saturating_mul(burst)).then_some(Bucket {
-            full_at: Some(next),
-        })
-    }
-
-    fn is_full(self, now: Instant) -> bool {
-        self.full_at.is_none_or(|t| t <= now)
-    }
+/// `bucket` after one more Event at `now`, if it has a token for it. An Event over the limit is
+/// refused, not delayed (the publisher holds it as its object's latest state instead), so a
+/// token that would have to be waited for is not taken.
+fn admit_one(bucket: TokenBucket, now: Instant, rate: Rate) -> Option<TokenBucket> {
+    let (after, wait) = bucket.take(now, rate)?;
+    wait.is_zero().then_some(after)
 }
 
 /// The per-object and overall rate limit; pure, so it is unit-tested with made-up instants.
 #[derive(Debug)]
 pub(super) struct Limiter {
     limits: Limits,
-    global: Bucket,
-    objects: BTreeMap<ObjectKey, Bucket>,
+    global: TokenBucket,
+    objects: BTreeMap<ObjectKey, TokenBucket>,
 }
 
 impl Limiter {
     pub(super) fn new(limits: Limits) -> Limiter {
         Limiter {
             limits,
-            global: Bucket::FULL,
+            global: TokenBucket::FULL,
             objects: BTreeMap::new(),
         }
     }
 
-    /// Whether an Event about `key` may be published at `now`; if so, it is counted.
+    /// Whether an Event about `key` may be published at `now`; if so, it is counted (in both
+    /// budgets: one refused by either costs neither).
     pub(super) fn admit(&mut self, key: &ObjectKey, now: Instant) -> bool {
-        let l = self.limits;
-        let object = self.objects.get(key).copied().unwrap_or(Bucket::FULL);
-        let Some(object) = object.after_one(now, l.per_object_burst, l.per_object_interval) else {
+        let object = self.objects.get(key).copied().unwrap_or(TokenBucket::FULL);
+        let Some(object) = admit_one(object, now, self.limits.per_object) else {
             return false;
         };
-        let Some(global) = self
-            .global
-            .after_one(now, l.global_burst, l.global_interval)
-        else {
+        let Some(global) = admit_one(self.global, now, self.limits.global) else {
             return false;
         };
         self.global = global;

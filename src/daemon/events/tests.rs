@@ -7,10 +7,14 @@ fn key(name: &str) -> ObjectKey {
 }
 
 const LIMITS: Limits = Limits {
-    per_object_burst: 3,
-    per_object_interval: Duration::from_secs(60),
-    global_burst: 5,
-    global_interval: Duration::from_secs(10),
+    per_object: Rate {
+        burst: 3,
+        interval: Duration::from_secs(60),
+    },
+    global: Rate {
+        burst: 5,
+        interval: Duration::from_secs(10),
+    },
 };
 
 #[test]

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::token_bucket::{Rate, TokenBucket};
+
 /// The request rate: `qps` on average, `burst` at once.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RequestRate {
@@ -14,39 +16,49 @@ pub struct RequestRate {
     pub burst: u32,
 }
 
+/// Never wait longer than this for a token: a deficit of a day would mean a broken clock or a
+/// misconfiguration.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+/// The longest refill interval: a qps below one request a year is taken as one a year, so the
+/// bucket's instants stay far from what an `Instant` can hold.
+const MAX_INTERVAL: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// Tokens refill at `qps` up to `burst`; a request takes one, and when none is left it waits
-/// for the time the deficit takes to refill. Waiting requests reserve their token at once, so
-/// the order of the waits is the order of the requests.
+/// for the time the deficit takes to refill (delayed, never refused). Waiting requests reserve
+/// their token at once, so the order of the waits is the order of the requests.
 #[derive(Debug)]
 pub(crate) struct Bucket {
-    rate: RequestRate,
-    tokens: f64,
-    last: Instant,
+    /// `None` when the rate limits nothing (a qps that is not a positive number).
+    rate: Option<Rate>,
+    bucket: TokenBucket,
 }
 
 impl Bucket {
-    pub(crate) fn new(rate: RequestRate, now: Instant) -> Bucket {
+    pub(crate) fn new(rate: RequestRate) -> Bucket {
+        let interval = (rate.qps > 0.0).then(|| {
+            Duration::try_from_secs_f64(rate.qps.recip())
+                .map_or(MAX_INTERVAL, |i| i.min(MAX_INTERVAL))
+        });
         Bucket {
-            rate,
-            tokens: f64::from(rate.burst),
-            last: now,
+            rate: interval.map(|interval| Rate {
+                burst: rate.burst,
+                interval,
+            }),
+            bucket: TokenBucket::FULL,
         }
     }
 
     /// Takes a token at `now`; returns how long the request must wait for it.
     pub(crate) fn reserve(&mut self, now: Instant) -> Duration {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now.max(self.last);
-        self.tokens = (self.tokens + elapsed * self.rate.qps).min(f64::from(self.rate.burst));
-        self.tokens -= 1.0;
-        if self.tokens >= 0.0 || self.rate.qps <= 0.0 {
-            Duration::ZERO
-        } else {
-            // A deficit of a day would mean a broken clock or a misconfiguration: never wait
-            // longer than a minute.
-            Duration::try_from_secs_f64(-self.tokens / self.rate.qps)
-                .unwrap_or(Duration::from_secs(60))
-                .min(Duration::from_secs(60))
+        let Some(rate) = self.rate else {
+            return Duration::ZERO;
+        };
+        match self.bucket.take(now, rate) {
+            Some((after, wait)) => {
+                self.bucket = after;
+                wait.min(MAX_WAIT)
+            }
+            None => MAX_WAIT,
         }
     }
 }
@@ -60,7 +72,7 @@ pub struct RateLimitLayer {
 impl RateLimitLayer {
     pub fn new(rate: RequestRate) -> RateLimitLayer {
         RateLimitLayer {
-            bucket: Arc::new(Mutex::new(Bucket::new(rate, Instant::now()))),
+            bucket: Arc::new(Mutex::new(Bucket::new(rate))),
         }
     }
 }
@@ -119,7 +131,7 @@ mod tests {
     #[test]
     fn a_burst_goes_out_at_once_and_the_rest_at_the_rate() {
         let start = Instant::now();
-        let mut bucket = Bucket::new(RequestRate { qps: 5.0, burst: 3 }, start);
+        let mut bucket = Bucket::new(RequestRate { qps: 5.0, burst: 3 });
         let waits: Vec<Duration> = (0..5).map(|_| bucket.reserve(start)).collect();
         assert_eq!(&waits[..3], [Duration::ZERO; 3]);
         assert_eq!(waits[3], Duration::from_millis(200));
@@ -134,10 +146,38 @@ mod tests {
     #[test]
     fn a_long_idle_time_refills_no_more_than_the_burst() {
         let start = Instant::now();
-        let mut bucket = Bucket::new(RequestRate { qps: 1.0, burst: 2 }, start);
+        let mut bucket = Bucket::new(RequestRate { qps: 1.0, burst: 2 });
         let later = start + Duration::from_secs(3600);
         assert_eq!(bucket.reserve(later), Duration::ZERO);
         assert_eq!(bucket.reserve(later), Duration::ZERO);
         assert_eq!(bucket.reserve(later), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_fractional_rate_spaces_requests_by_its_inverse() {
+        let start = Instant::now();
+        let mut bucket = Bucket::new(RequestRate { qps: 0.5, burst: 1 });
+        assert_eq!(bucket.reserve(start), Duration::ZERO);
+        assert_eq!(bucket.reserve(start), Duration::from_secs(2));
+        assert_eq!(bucket.reserve(start), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn a_request_never_waits_longer_than_a_minute() {
+        let start = Instant::now();
+        let mut bucket = Bucket::new(RequestRate {
+            qps: 1e-300,
+            burst: 1,
+        });
+        assert_eq!(bucket.reserve(start), Duration::ZERO);
+        assert_eq!(bucket.reserve(start), MAX_WAIT);
+        assert_eq!(bucket.reserve(start), MAX_WAIT);
+    }
+
+    #[test]
+    fn a_rate_that_is_not_positive_limits_nothing() {
+        let start = Instant::now();
+        let mut bucket = Bucket::new(RequestRate { qps: 0.0, burst: 1 });
+        assert!((0..100).all(|_| bucket.reserve(start).is_zero()));
     }
 }
