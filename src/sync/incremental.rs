@@ -55,6 +55,8 @@ mod index;
 
 pub(super) use baseline::Baseline;
 use baseline::*;
+#[cfg(test)]
+pub(super) use index::SLACK;
 use index::{OriginAddr, address};
 
 /// (set name, key, element).

@@ -66,7 +66,10 @@ impl NetlinkKernel {
         let end_seq = first.wrapping_add(1).wrapping_add(len_u32(msgs.len()));
         end_batch(&mut buf, end_seq)?;
         let blame = |req_seq: Option<u32>, _: Option<u32>| -> Blame {
-            let seq = req_seq.unwrap_or(0);
+            // A refusal that does not echo the request names no message: the batch's.
+            let Some(seq) = req_seq else {
+                return ("batch", "a refusal naming no message".to_owned(), None);
+            };
             let idx = seq.wrapping_sub(first).wrapping_sub(1) as usize;
             match msgs.get(idx) {
                 Some(r) => (r.op, r.object.clone(), None),

@@ -323,7 +323,11 @@ pub(super) fn reach(table: &WireTable, fixed: &BTreeSet<Object>) -> HashMap<Stri
 impl Baseline {
     /// How the counts maintained incrementally differ from those `fresh` computed from the same
     /// applied tables (empty when they agree).
-    pub(in crate::sync) fn differences(&self, fresh: &Baseline) -> Vec<String> {
+    pub(in crate::sync) fn differences(
+        &self,
+        fresh: &Baseline,
+        applied: &BTreeMap<IpFamily, Option<WireTable>>,
+    ) -> Vec<String> {
         let mut out = Vec::new();
         for (family, mine) in &self.families {
             let Some(theirs) = fresh.families.get(family) else {
@@ -371,6 +375,59 @@ impl Baseline {
         };
         if addresses(&self.origins) != addresses(&fresh.origins) {
             out.push("origins per Service differ".to_string());
+        }
+        out.extend(self.index_differences(applied));
+        let mut inverted: HashMap<ClaimKey, BTreeSet<ServiceName>> = HashMap::new();
+        for (name, keys) in &self.claims_of {
+            for key in keys {
+                inverted.entry(*key).or_default().insert(name.clone());
+            }
+        }
+        if inverted != self.claims {
+            out.push("claims per Service do not invert the claims".to_string());
+        }
+        out
+    }
+
+    /// Where the index finds each origin's elements differently from a walk over `applied`.
+    fn index_differences(&self, applied: &BTreeMap<IpFamily, Option<WireTable>>) -> Vec<String> {
+        type Found = BTreeSet<(IpFamily, String, Box<[u8]>)>;
+        let mut walked: BTreeMap<OriginAddr, Found> = BTreeMap::new();
+        for table in applied.values().flatten() {
+            for (name, set) in &table.sets {
+                if set.is_dynamic() {
+                    continue;
+                }
+                for (key, elem) in &set.elements {
+                    if let Some(o) = &elem.origin {
+                        walked.entry(address(o)).or_default().insert((
+                            table.family,
+                            name.clone(),
+                            key.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for origin in self.origins.values().flatten() {
+            let a = address(origin);
+            let mut found = Found::new();
+            for table in applied.values().flatten() {
+                self.index
+                    .elements_of(table.family, table, a, |name, key, _| {
+                        found.insert((table.family, name.to_owned(), key.into()));
+                    });
+            }
+            if found != walked.remove(&a).unwrap_or_default() {
+                out.push(format!("the index finds other elements of {origin}"));
+            }
+        }
+        if !walked.is_empty() {
+            out.push(format!(
+                "{} origin(s) of applied elements are not among the Services' origins",
+                walked.len()
+            ));
         }
         out
     }
