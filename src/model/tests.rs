@@ -53,3 +53,48 @@ fn endpoints_prefer_non_terminating_duplicate() {
     assert!(!eps[0].conditions.terminating);
     assert_eq!(eps[0].port, 8080);
 }
+
+#[test]
+fn a_subset_holds_the_services_and_every_slice_of_theirs_whatever_the_slices_are_named() {
+    let name = |ns: &str, n: &str| ServiceName {
+        namespace: ns.into(),
+        name: n.into(),
+    };
+    let mut state = ClusterState::default();
+    // Slices named after their Service or not, in namespaces that sort before, between and
+    // after the changed Services' ones, with same-named Services in other namespaces.
+    for (ns, slice, svc) in [
+        ("a", "web-1", "web"),
+        ("b", "web-1", "web"),
+        ("b", "custom", "web"),
+        ("b", "zzz", "web"),
+        ("b", "db-1", "db"),
+        ("bb", "web-1", "web"),
+        ("c", "web-1", "web"),
+        ("c", "other", "db"),
+        ("d", "web-1", "web"),
+    ] {
+        let s = EndpointSlice {
+            name: name(ns, slice),
+            service: name(ns, svc),
+            family: IpFamily::V4,
+            ports: vec![],
+            endpoints: vec![],
+        };
+        state.slices.insert(s.name.clone(), s);
+    }
+    for (ns, svc) in [("b", "web"), ("b", "db"), ("c", "db")] {
+        let s = Service::new(name(ns, svc));
+        state.services.insert(s.name.clone(), s);
+    }
+    // "c/web" changed too but no longer exists: its slice is kept, as the full build keeps it.
+    let changed = BTreeSet::from([name("b", "web"), name("c", "db"), name("c", "web")]);
+    let subset = state.subset(&changed);
+    let slices: Vec<String> = subset.slices.keys().map(ToString::to_string).collect();
+    assert_eq!(
+        slices,
+        ["b/custom", "b/web-1", "b/zzz", "c/other", "c/web-1"]
+    );
+    let services: Vec<String> = subset.services.keys().map(ToString::to_string).collect();
+    assert_eq!(services, ["b/web", "c/db"]);
+}
