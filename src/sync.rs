@@ -321,7 +321,7 @@ impl<K: Kernel> Syncer<K> {
         let mut confirmed = false;
         self.start_generation_chain(verify)?;
         let hints = self.affinity_hints(verify, &mut outcome)?;
-        let contested = loop {
+        let (contested, chains) = loop {
             let filtered;
             let effective = if self.quarantine.is_empty() {
                 state
@@ -330,8 +330,14 @@ impl<K: Kernel> Syncer<K> {
                 &filtered
             };
             let (desired, contested) = ruleset::build_noting_contested(effective, settings, &hints);
+            // The chains as built, for the change syncs to compare theirs with before lowering.
+            let chains = if self.keeps_baseline {
+                incremental::BuiltChains::of(&desired)
+            } else {
+                incremental::BuiltChains::default()
+            };
             match self.apply(desired, verify, &mut outcome) {
-                Ok(()) => break contested,
+                Ok(()) => break (contested, chains),
                 Err(NftError::Rejected { errors }) => {
                     self.note_rejected(&errors);
                     // The transaction was rolled back, so what the kernel holds is the last
@@ -366,7 +372,7 @@ impl<K: Kernel> Syncer<K> {
         if self.keeps_baseline {
             self.baseline =
                 incremental::Baseline::new(&self.applied, settings, &state.nodes, contested)
-                    .map(|b| b.with_claims(&state.services));
+                    .map(|b| b.with_claims(&state.services).with_chains(chains));
         }
         outcome.quarantined = self.quarantined();
         self.report_quarantine_changes(&mut outcome);

@@ -53,8 +53,8 @@ pub enum Incremental {
 mod baseline;
 mod index;
 
-pub(super) use baseline::Baseline;
 use baseline::*;
+pub(super) use baseline::{Baseline, BuiltChains};
 #[cfg(test)]
 pub(super) use index::SLACK;
 use index::{OriginAddr, address};
@@ -243,7 +243,12 @@ impl<K: Kernel> Syncer<K> {
             return Err("changed Services claim the same element key");
         }
         let mut wanted = Vec::with_capacity(desired.tables.len());
-        for table in desired.tables {
+        for mut table in desired.tables {
+            if !base.chains.hold_all(&table) {
+                return Err("a rebuilt Service needs a chain that is not in the table");
+            }
+            // Equal to chains the table holds: only the sets need lowering and comparing.
+            table.chains.clear();
             // The full path reports what cannot be lowered, with the Service it belongs to.
             wanted.push(nft::lower_owned(table).map_err(|_| "a rebuilt object cannot be lowered")?);
         }
@@ -332,11 +337,7 @@ fn delta(
     if want.name != have.name || want.userdata != have.userdata || want.flags != have.flags {
         return Err("the table itself changed");
     }
-    for (name, chain) in &want.chains {
-        if have.chains.get(name) != Some(chain) {
-            return Err("a rebuilt Service needs a chain that is not in the table");
-        }
-    }
+    // The chains were compared before lowering (`BuiltChains::hold_all`).
     for (name, set) in &want.sets {
         if !have.sets.get(name).is_some_and(|h| h.same_definition(set)) {
             return Err("a rebuilt Service needs a set that is not in the table");
