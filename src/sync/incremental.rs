@@ -26,9 +26,10 @@
 //! The changed Services' current elements are found through `index.rs`: per origin, the runs
 //! of neighbouring keys it holds in each set, recorded after each full sync and kept up to
 //! date by each change sync. A walk over every applied element instead cost ~2.5 ms of a
-//! two-slice sync at 10k Services × 10 endpoints and ~22 ms at 50k × 5; with the index the
-//! whole two-slice sync takes 0.27 ms and 0.40 ms of user-space time (`benches/ruleset.rs`,
-//! `two slices changed/incremental sync`).
+//! two-slice sync at 10k Services × 10 endpoints and ~22 ms at 50k × 5. The rebuilt chains are
+//! compared with the last full build's before lowering (`BuiltChains`), so only sets are
+//! lowered. The whole two-slice sync now takes 0.11 ms and 0.14 ms of user-space time
+//! (`benches/ruleset.rs`, `two slices changed/incremental sync`; docs/performance.md).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
