@@ -206,3 +206,35 @@ fn unparsable_input_exits_2_naming_the_file_and_position() {
     assert!(stderr.contains("bad.yaml"), "{stderr}");
     assert!(stderr.contains("line"), "{stderr}");
 }
+
+/// The probe covers what the registry lists (`nft::probe`'s tests); this closes the loop: what
+/// the builder emits for every fixture lowers only to registered expression kinds.
+#[test]
+fn every_expression_the_goldens_lower_to_is_a_registered_kind() {
+    let known: std::collections::BTreeSet<&str> = nft::kind_names().collect();
+    let mut used = std::collections::BTreeSet::new();
+    for (name, path, args) in cases() {
+        for table in build_case(&path, &args, &ruleset::Hints::default()).tables {
+            let lowered = nft::lower(&table).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for chain in lowered.chains.values() {
+                for rule in &chain.rules {
+                    used.extend(rule.exprs.iter().map(|e| e.name.clone()));
+                }
+            }
+        }
+    }
+    let unknown: Vec<&String> = used
+        .iter()
+        .filter(|k| !known.contains(k.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "unregistered expression kinds: {unknown:?}"
+    );
+    // Every registered kind is used by some fixture: a kind nothing emits is dead code.
+    let unused: Vec<&&str> = known.iter().filter(|k| !used.contains(**k)).collect();
+    assert!(
+        unused.is_empty(),
+        "registered kinds no fixture uses: {unused:?}"
+    );
+}

@@ -296,4 +296,5 @@ pub(crate) use atoms::{addr_offset, concat_type};
 pub use atoms::{decode_atoms, format_concat, hex};
 use data::*;
 pub use data::{encode_data, parse_data};
+pub use expr::kind_names;
 pub use lower::{lower, lower_owned};

@@ -137,3 +137,42 @@ fn the_probe_objects_read_back_as_the_nft_statements_they_stand_for() {
         k.delete_tables(&name).unwrap();
     });
 }
+
+/// Expression kinds built into nf_tables itself (`include/net/netfilter/nf_tables_core.h`
+/// declares `nft_imm_type`, `nft_cmp_type`, `nft_lookup_type`, `nft_bitwise_type`,
+/// `nft_byteorder_type`, `nft_payload_type`, `nft_dynset_type` and `nft_meta_type` among the
+/// core types): present wherever nf_tables is, so none needs a probe of its own. The others
+/// are modules a kernel may lack (`nft_ct`, `nft_nat`, `nft_numgen`, `nft_fib_*`, ...).
+const CORE: [&str; 8] = [
+    "immediate",
+    "cmp",
+    "lookup",
+    "bitwise",
+    "byteorder",
+    "payload",
+    "dynset",
+    "meta",
+];
+
+#[test]
+fn every_expression_kind_nodeproxy_programs_is_probed_unless_nf_tables_core_provides_it() {
+    let mut probed = std::collections::BTreeSet::new();
+    for probe in PROBES {
+        for family in IpFamily::ALL {
+            let table = (probe.build)(family, "np-probe").unwrap();
+            for chain in table.chains.values() {
+                for rule in &chain.rules {
+                    probed.extend(rule.exprs.iter().map(|e| e.name.clone()));
+                }
+            }
+        }
+    }
+    let unprobed: Vec<&str> = crate::nft::kind_names()
+        .filter(|k| !probed.contains(*k) && !CORE.contains(k))
+        .collect();
+    assert!(
+        unprobed.is_empty(),
+        "expression kinds no capability probe builds (add one to PROBES, naming its kernel \
+         option): {unprobed:?}; probed: {probed:?}"
+    );
+}

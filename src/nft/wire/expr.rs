@@ -51,6 +51,12 @@ const KINDS: [&Kind; 14] = [
     &reject::KIND,
 ];
 
+/// The names of every expression kind nodeproxy programs (`NFTA_EXPR_NAME`): what a capability
+/// probe must cover unless nf_tables itself provides it.
+pub fn kind_names() -> impl Iterator<Item = &'static str> {
+    KINDS.iter().map(|k| k.name)
+}
+
 /// Whether attribute `ty` of expression `name` is a nest (sent with `NLA_F_NESTED`).
 pub fn is_nested(name: &str, ty: u16) -> bool {
     KINDS
