@@ -32,8 +32,8 @@
 //! (`benches/ruleset.rs`, `two slices changed/incremental sync`; docs/performance.md).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -134,11 +134,6 @@ impl Baseline {
         let mut families = BTreeMap::new();
         let mut index = super::index::ElementIndex::default();
         let mut origins: HashMap<ServiceName, Vec<Arc<ServicePortName>>> = HashMap::new();
-        let mut seen: HashSet<*const ServicePortName, BuildHasherDefault<AddressHasher>> =
-            HashSet::default();
-        // A port's endpoints are neighbours in key order: most elements share the previous
-        // element's origin.
-        let mut last: *const ServicePortName = std::ptr::null();
         for family in IpFamily::ALL {
             let table = applied.get(&family)?.as_ref()?;
             let fixed = fixed.remove(&family).unwrap_or_default();
@@ -148,6 +143,7 @@ impl Baseline {
                 if set.is_dynamic() {
                     continue;
                 }
+                let mut runs = index.set_runs(family, name);
                 for (key, elem) in &set.elements {
                     if let Some(chain) = elem.data.as_ref().and_then(|d| d.chain()) {
                         match verdicts.get_mut(chain) {
@@ -158,20 +154,18 @@ impl Baseline {
                         }
                     }
                     let Some(origin) = &elem.origin else {
+                        runs.push(0, key);
                         unowned
                             .entry(name.clone())
                             .or_default()
                             .insert(key.clone(), elem.clone());
                         continue;
                     };
-                    let ptr = Arc::as_ptr(origin);
-                    if ptr != last && seen.insert(ptr) {
+                    if runs.push(address(origin), key) {
                         add_origin(&mut origins, origin);
                     }
-                    last = ptr;
                 }
             }
-            index.add_table(table);
             let reach = reach(table, &fixed);
             let mut support: HashMap<Object, usize> = HashMap::new();
             for (chain, objects) in &reach {
@@ -406,8 +400,7 @@ impl Baseline {
         let addresses = |o: &HashMap<ServiceName, Vec<Arc<ServicePortName>>>| {
             o.iter()
                 .map(|(n, list)| {
-                    let set: BTreeSet<usize> =
-                        list.iter().map(|a| Arc::as_ptr(a) as usize).collect();
+                    let set: BTreeSet<usize> = list.iter().map(address).collect();
                     (n.clone(), set)
                 })
                 .collect::<BTreeMap<_, _>>()

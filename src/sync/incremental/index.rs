@@ -122,35 +122,16 @@ impl ElementIndex {
         self.keys.get(at..at + len).unwrap_or_default()
     }
 
-    /// Indexes every element with an origin in the non-dynamic sets of `table`.
-    pub(super) fn add_table(&mut self, table: &WireTable) {
-        for (name, set) in &table.sets {
-            if set.is_dynamic() {
-                continue;
-            }
-            let id = self.set_id(table.family, name);
-            // `prev` is the origin whose run the previous element started or continued (0:
-            // none, or a run that could not be noted).
-            let mut prev: OriginAddr = 0;
-            let mut pending: Option<&[u8]> = None;
-            for (key, elem) in &set.elements {
-                let ptr = elem.origin.as_ref().map_or(0, address);
-                if ptr == prev && ptr != 0 {
-                    pending = Some(key);
-                    continue;
-                }
-                if let Some(last) = pending.take() {
-                    self.extend(prev, last);
-                }
-                prev = if ptr != 0 && self.note(id, ptr, key) {
-                    ptr
-                } else {
-                    0
-                };
-            }
-            if let Some(last) = pending {
-                self.extend(prev, last);
-            }
+    /// A cursor that indexes the elements of set `name` of `family`'s table as they are
+    /// walked in key order ([`SetRuns::push`]), so that the baseline's one walk over the
+    /// applied elements also builds the index.
+    pub(super) fn set_runs<'k>(&mut self, family: IpFamily, name: &str) -> SetRuns<'_, 'k> {
+        let id = self.set_id(family, name);
+        SetRuns {
+            index: self,
+            id,
+            prev: 0,
+            pending: None,
         }
     }
 
@@ -249,6 +230,52 @@ impl ElementIndex {
     #[cfg(test)]
     pub(in crate::sync) fn key_bytes(&self) -> usize {
         self.keys.len()
+    }
+}
+
+/// Indexes one set's elements in key order (see [`ElementIndex::set_runs`]).
+pub(super) struct SetRuns<'i, 'k> {
+    index: &'i mut ElementIndex,
+    id: u32,
+    /// The origin whose run the previous element started or continued (0: none, or a run
+    /// that could not be noted).
+    prev: OriginAddr,
+    /// The last key of `prev`'s run so far, when it is not the run's first.
+    pending: Option<&'k [u8]>,
+}
+
+impl<'k> SetRuns<'_, 'k> {
+    /// The next element in key order: its origin's address (0: built for no Service) and key.
+    /// Returns whether `origin` is new to the index.
+    pub(super) fn push(&mut self, origin: OriginAddr, key: &'k [u8]) -> bool {
+        if origin == self.prev && origin != 0 {
+            self.pending = Some(key);
+            return false;
+        }
+        self.end_run();
+        if origin == 0 {
+            self.prev = 0;
+            return false;
+        }
+        let new = !self.index.runs.contains_key(&origin);
+        self.prev = if self.index.note(self.id, origin, key) {
+            origin
+        } else {
+            0
+        };
+        new
+    }
+
+    fn end_run(&mut self) {
+        if let Some(last) = self.pending.take() {
+            self.index.extend(self.prev, last);
+        }
+    }
+}
+
+impl Drop for SetRuns<'_, '_> {
+    fn drop(&mut self) {
+        self.end_run();
     }
 }
 
