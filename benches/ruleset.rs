@@ -66,7 +66,10 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                 name: "http".into(),
                 protocol: Protocol::Tcp,
                 port: 80,
-                node_port: s.is_multiple_of(4).then(|| 30000 + (s / 4 % 2768) as u16),
+                node_port: u16::try_from(s / 4)
+                    .ok()
+                    .filter(|p| s.is_multiple_of(4) && *p < 2768)
+                    .map(|p| 30000 + p),
             }],
             ..Service::new(svc_name.clone())
         };

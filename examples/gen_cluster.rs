@@ -3,7 +3,8 @@
 //!
 //! Usage: `cargo run --release --example gen_cluster -- N M [--change-endpoint]
 //! [--add-service] > cluster.json`. `--change-endpoint` replaces the first endpoint of service 0;
-//! `--add-service` adds service N. Every fourth service also gets a NodePort. No traffic is ever
+//! `--add-service` adds service N. Every fourth service also gets a NodePort, as long as the
+//! NodePort range lasts (the first 11072 services). No traffic is ever
 //! sent to these addresses: they only size the ruleset.
 //!
 //! Endpoints are spread over 1000 nodes: kubelet runs at most 110 pods per node by default, so
@@ -51,12 +52,20 @@ fn main() -> std::io::Result<()> {
         // services and millions of endpoints without collisions.
         let ip = 0x0A60_0000u32 + 1 + offset(s)?;
         let cluster_ip = std::net::Ipv4Addr::from(ip);
-        let node_port = if s % 4 == 0 {
-            format!(",\"nodePort\":{}", 30000 + (s / 4) % 2768)
+        // The NodePort range (30000-32767) holds 2768 ports per protocol and the API server
+        // never gives one twice, so past 11072 Services there are no more NodePorts (a reused
+        // one would be a contested key, which no real cluster has).
+        let has_node_port = s % 4 == 0 && s / 4 < 2768;
+        let node_port = if has_node_port {
+            format!(",\"nodePort\":{}", 30000 + s / 4)
         } else {
             String::new()
         };
-        let svc_type = if s % 4 == 0 { "NodePort" } else { "ClusterIP" };
+        let svc_type = if has_node_port {
+            "NodePort"
+        } else {
+            "ClusterIP"
+        };
         writeln!(
             out,
             ",{{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{{\"namespace\":\"ns{}\",\"name\":\"svc{s}\"}},\

@@ -26,12 +26,13 @@ pub fn duration_arg(text: &str) -> Duration {
 }
 
 /// Service `s` of the generated cluster: ClusterIP 10.96.0.0 + 1 + s, port 80 → 8080; every
-/// fourth is a NodePort.
+/// fourth is a NodePort (while the NodePort range lasts).
 pub fn service(s: usize) -> Value {
     let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + u32::try_from(s).unwrap()).to_string();
     let mut port = json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080});
-    let kind = if s.is_multiple_of(4) {
-        port["nodePort"] = json!(30000 + (s / 4) % 2768);
+    // As long as the NodePort range lasts (examples/gen_cluster.rs says why).
+    let kind = if s.is_multiple_of(4) && s / 4 < 2768 {
+        port["nodePort"] = json!(30000 + s / 4);
         "NodePort"
     } else {
         "ClusterIP"
