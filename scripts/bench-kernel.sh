@@ -11,7 +11,7 @@
 #               after churn, VmHWM, and the lower + diff time of its two-slice syncs
 # then, per size, each of issue 11's targets beside what was measured, and a TSV of every figure
 # for scripts/plot-performance.py.
-# Usage: sudo scripts/bench-kernel.sh [--no-daemon] [--tsv FILE] [NxM ...]
+# Usage (as root): scripts/bench-kernel.sh [--no-daemon] [--tsv FILE] [NxM ...]
 #        (default sizes: 1000x10 10000x10 50000x5; TSV: target/bench-kernel.tsv)
 # Needs root (network namespaces), nft and GNU time; prints Markdown tables. It reports; it
 # never fails on a figure.
@@ -70,7 +70,7 @@ once() {
 # One size's figures beside issue 11's targets.
 targets() {
     local n=$1 m=$2 wall=$3 kernel=$4 rss=$5 re=$6 nft=$7 d_rss=$8 d_hwm=$9 two=${10}
-    # The adoption target is 0.3 s at 10k services and 1 s at 50k (none stated below 10k).
+    # The adoption target: 0.3 s up to 10k services, 1 s at 50k.
     local adopt=0.3
     [ "$n" -ge 50000 ] && adopt=1
     awk -v n="$n" -v m="$m" -v wall="$wall" -v kernel="$kernel" -v rss="$rss" -v re="$re" \
