@@ -12,14 +12,16 @@
 //!
 //! Phases: cold start (daemon start → first sync), idle (one update at a time, each after the
 //! previous was programmed and `--min-sync-period` has passed, so none is throttled), two
-//! slices (two Services' updates at once, the same way; the daemon's log gives those syncs'
-//! lower + diff time), churn (a steady rate of updates to distinct Services). CPU is utime+stime from `/proc/<pid>/stat`
-//! over the churn period; memory is VmHWM / VmRSS from `/proc/<pid>/status`.
+//! slices (pairs of updates to two Services, sent while `--min-sync-period` holds the next
+//! sync back, so one sync carries both; the daemon's log gives those syncs' lower + diff time),
+//! churn (a steady rate of updates to distinct Services). CPU is utime+stime from
+//! `/proc/<pid>/stat` over the churn period; memory is VmHWM / VmRSS from `/proc/<pid>/status`.
 //!
 //! Run as root: `sudo -E cargo bench --bench daemon` (environment: `NP_SERVICES` 10000,
-//! `NP_ENDPOINTS` 10, `NP_IDLE_UPDATES` 100, `NP_PAIR_UPDATES` 30, `NP_CHURN_RATE` 100 per second, `NP_CHURN_SECONDS`
-//! 10, `NP_MIN_SYNC_PERIOD` 1s, `NP_SYNC_PERIOD` 30s, `NP_MONITOR` 1: 0 runs without the monitor,
-//! so without latencies, for sizes where its start-up takes minutes).
+//! `NP_ENDPOINTS` 10, `NP_IDLE_UPDATES` 100, `NP_PAIR_UPDATES` 30, `NP_CHURN_RATE` 100 per
+//! second, `NP_CHURN_SECONDS` 10, `NP_MIN_SYNC_PERIOD` 1s, `NP_SYNC_PERIOD` 30s, `NP_MONITOR` 1;
+//! 0 runs without the monitor, so without latencies, for sizes where its start-up takes
+//! minutes).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 // Percentiles and rates are float arithmetic rounded to counts and indexes.
