@@ -67,6 +67,9 @@ once() {
     echo "$wall $kernel $rss $msgs"
 }
 
+# KiB to whole MiB, rounded as the targets table rounds them.
+mib() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
+
 # One size's figures beside issue 11's targets.
 targets() {
     local n=$1 m=$2 wall=$3 kernel=$4 rss=$5 re=$6 nft=$7 d_rss=$8 d_hwm=$9 two=${10}
@@ -139,8 +142,8 @@ for size in "${sizes[@]}"; do
 
     speedup=$(awk -v a="$nft_wall" -v b="$cold_wall" 'BEGIN { printf "%.1f×", a / b }')
     printf "| %s × %s | %s | %s s / %s ms / %s MiB | %s s | %s ms (%s) | %s ms (%s) | %s s / %s MiB | %s |\n" \
-        "$n" "$m" "$elements" "$cold_wall" "$cold_kernel" "$((cold_rss / 1024))" "$re_wall" \
-        "$ep_kernel" "$ep_msgs" "$svc_kernel" "$svc_msgs" "$nft_wall" "$((nft_rss / 1024))" "$speedup"
+        "$n" "$m" "$elements" "$cold_wall" "$cold_kernel" "$(mib "$cold_rss")" "$re_wall" \
+        "$ep_kernel" "$ep_msgs" "$svc_kernel" "$svc_msgs" "$nft_wall" "$(mib "$nft_rss")" "$speedup"
 done
 
 echo
