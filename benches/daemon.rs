@@ -356,13 +356,14 @@ fn run() {
     );
     // The daemon's own account of its syncs (info lines: syncs that changed something).
     let text = std::fs::read_to_string(&log).unwrap_or_default();
+    // The milliseconds a log line gives after `name` (`sync in `, `; lower `, `, diff `).
+    let field = |l: &str, name: &str| -> Option<f64> {
+        let rest = &l[l.find(name)? + name.len()..];
+        rest[..rest.find(" ms")?].parse().ok()
+    };
     let mut syncs: Vec<Duration> = text
         .lines()
-        .filter_map(|l| {
-            let rest = &l[l.find("sync in ")? + 8..];
-            let ms: f64 = rest[..rest.find(" ms")?].parse().ok()?;
-            Some(Duration::from_secs_f64(ms / 1e3))
-        })
+        .filter_map(|l| Some(Duration::from_secs_f64(field(l, "sync in ")? / 1e3)))
         .collect();
     syncs.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -377,10 +378,6 @@ fn run() {
     }
     // The syncs that carried exactly two changed EndpointSlices and nothing else: their
     // user-space work before the kernel (lower + diff, as the daemon logs them).
-    let field = |l: &str, name: &str| -> Option<f64> {
-        let rest = &l[l.find(name)? + name.len()..];
-        rest[..rest.find(" ms")?].parse().ok()
-    };
     let mut two: Vec<Duration> = text
         .lines()
         .filter(|l| l.contains("(0 Service, 2 EndpointSlice, 0 Node"))

@@ -52,15 +52,15 @@ trap cleanup EXIT
 
 args=(--hostname-override node-a --cluster-cidr 10.128.0.0/9)
 
+# Seconds since $1 (from `date +%s%N`), to the millisecond: GNU time's %e has two decimals.
+since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN { printf "%.3f", (b - a) / 1e9 }'; }
+
 # Runs nodeproxy --once in namespace $1 with input $2; prints "wall_s kernel_ms rss_kib msgs".
 once() {
-    local out t0 t1
+    local out t0 wall rss kernel msgs
     t0=$(date +%s%N)
     out=$(/usr/bin/time -f "TIME %e %M" ip netns exec "$1" "$bin" --once --from-file "$2" "${args[@]}" 2>&1 | grep -v WARN)
-    t1=$(date +%s%N)
-    local wall rss kernel msgs
-    # GNU time's %e has two decimals; the clock around it has more.
-    wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+    wall=$(since "$t0")
     rss=$(sed -n 's/.*peak RSS \([0-9]*\) KiB.*/\1/p' <<<"$out")
     kernel=$(sed -n 's/.*kernel \([0-9.]*\) ms.*/\1/p' <<<"$out")
     msgs=$(sed -n 's/.* \([0-9]*\) message(s).*/\1/p' <<<"$out")
@@ -119,8 +119,7 @@ for size in "${sizes[@]}"; do
     ip netns add "$ns-b"
     t0=$(date +%s%N)
     nft_out=$(/usr/bin/time -f "TIME %e %M" ip netns exec "$ns-b" nft -f "$work/base.nft" 2>&1)
-    t1=$(date +%s%N)
-    nft_wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+    nft_wall=$(since "$t0")
     nft_rss=$(sed -n 's/^TIME [0-9.]* \([0-9]*\)/\1/p' <<<"$nft_out")
     ip netns del "$ns-b"
 
