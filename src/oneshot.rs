@@ -78,7 +78,6 @@ fn kernel_err(context: &'static str) -> impl FnOnce(NftError) -> ModeError {
 pub fn dry_run(loaded: &Loaded) -> Result<(), ModeError> {
     let (state, settings) = desired_inputs(loaded)?;
     let started = Instant::now();
-    // Affinity slots as a fresh kernel would get them: the output depends on the input only.
     let desired = ruleset::build(&state, &settings);
     tracing::debug!(
         "built the ruleset in {:.1} ms",
@@ -177,8 +176,8 @@ pub enum DiffOutcome {
 }
 
 /// `diff`: prints what a sync of the input would change in our tables, per Service, and
-/// changes nothing. It runs `--once`'s sync (read back, affinity slots from the kernel, build,
-/// lower, diff) against a kernel that only reads: only dumps reach the real one.
+/// changes nothing. It runs `--once`'s sync (read back, build, lower, diff) against a kernel
+/// that only reads: only dumps reach the real one.
 ///
 /// It takes no node lock: it writes nothing, and it is meant to run beside the daemon that
 /// holds the lock (checking an upgrade or a configuration change before it happens). What the

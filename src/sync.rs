@@ -18,12 +18,10 @@ use std::time::{Duration, Instant};
 
 use crate::model::{ClusterState, EndpointSlice, IpFamily, Service, ServiceName};
 use crate::nft::{self, Kernel, NftError, RejectedOp, ReplyKind, WireTable};
-use crate::ruleset::{self, Hints, Settings};
+use crate::ruleset::{self, Settings};
 
-mod hints;
 mod incremental;
 
-pub use hints::{affinity_hints, affinity_hints_for};
 pub use incremental::Incremental;
 
 /// How many times one sync rebuilds after quarantining: each round must quarantine at least one
@@ -117,9 +115,6 @@ pub struct Syncer<K: Kernel> {
     kernel: K,
     /// What the kernel holds, as far as we know, per family. Empty = unknown: read it back.
     applied: BTreeMap<IpFamily, Option<WireTable>>,
-    /// Tables read back for the affinity hints of the sync under way, for `apply` to diff
-    /// against instead of reading them a second time.
-    read_back: BTreeMap<IpFamily, Option<WireTable>>,
     quarantine: BTreeMap<ServiceName, Quarantined>,
     /// What the last full sync was built from, and how `applied` uses its objects and which
     /// origins each Service's elements carry: what `sync_changed` needs. `None` until a full
@@ -144,9 +139,8 @@ pub struct Syncer<K: Kernel> {
     reported: BTreeSet<ServiceName>,
 }
 
-/// `--once`: one sync of `state` from what the kernel holds (read back, so ClientIP-affinity
-/// endpoints keep their slots and pinned clients their endpoints), through the daemon's apply
-/// path. The state is dropped as soon as the ruleset is built: lowering a large ruleset needs
+/// `--once`: one sync of `state` from what the kernel holds (read back), through the daemon's
+/// apply path. The state is dropped as soon as the ruleset is built: lowering a large ruleset needs
 /// that memory, and a one-shot process has no later sync to keep it for. A Service whose objects
 /// the kernel rejects is quarantined as the daemon would: left out, warned about, and listed in
 /// the outcome; the state for that retry comes from `reload`.
@@ -163,7 +157,6 @@ pub fn once<K: Kernel, E: From<NftError>>(
     let mut rounds = 0;
     loop {
         let mut outcome = SyncOutcome::default();
-        let hints = syncer.affinity_hints(true, &mut outcome)?;
         let loaded = match state.take() {
             Some(state) => state,
             None => reload()?,
@@ -173,8 +166,8 @@ pub fn once<K: Kernel, E: From<NftError>>(
         } else {
             without(&loaded, |name| syncer.quarantine.contains_key(name))
         };
-        let desired = ruleset::build_with(&effective, settings, &hints);
-        drop((effective, hints));
+        let desired = ruleset::build(&effective, settings);
+        drop(effective);
         match syncer.apply(desired, true, &mut outcome) {
             Ok(()) => {
                 outcome.quarantined = syncer.quarantined();
@@ -190,7 +183,6 @@ pub fn once<K: Kernel, E: From<NftError>>(
                 if !added || rounds >= MAX_QUARANTINE_ROUNDS {
                     return Err(NftError::Rejected { errors }.into());
                 }
-                syncer.read_back.clear();
             }
             Err(other) => return Err(other.into()),
         }
@@ -202,7 +194,6 @@ impl<K: Kernel> Syncer<K> {
         Syncer {
             kernel,
             applied: BTreeMap::new(),
-            read_back: BTreeMap::new(),
             quarantine: BTreeMap::new(),
             baseline: None,
             trusted_generation: None,
@@ -320,7 +311,6 @@ impl<K: Kernel> Syncer<K> {
         let mut verify = verify;
         let mut confirmed = false;
         self.start_generation_chain(verify)?;
-        let hints = self.affinity_hints(verify, &mut outcome)?;
         let (contested, chains) = loop {
             let filtered;
             let effective = if self.quarantine.is_empty() {
@@ -329,7 +319,7 @@ impl<K: Kernel> Syncer<K> {
                 filtered = without(state, |name| self.quarantine.contains_key(name));
                 &filtered
             };
-            let (desired, contested) = ruleset::build_noting_contested(effective, settings, &hints);
+            let (desired, contested) = ruleset::build_noting_contested(effective, settings);
             // The chains as built, for the change syncs to compare theirs with before lowering.
             let chains = if self.keeps_baseline {
                 incremental::BuiltChains::of(&desired)
@@ -343,7 +333,6 @@ impl<K: Kernel> Syncer<K> {
                     // The transaction was rolled back, so what the kernel holds is the last
                     // applied state, but that state may itself be unknown now: read it again.
                     self.applied.clear();
-                    self.read_back.clear();
                     // A rejection can come from a stale view of the kernel (someone changed our
                     // table, or a read-back missed elements) rather than from a Service: retry
                     // once against a fresh read-back before blaming any Service.
@@ -401,7 +390,7 @@ impl<K: Kernel> Syncer<K> {
             } else {
                 self.applied.remove(&family)
             };
-            let have = match known.or_else(|| self.read_back.remove(&family)) {
+            let have = match known {
                 Some(have) => have,
                 None => {
                     outcome.full = true;
@@ -471,34 +460,6 @@ impl<K: Kernel> Syncer<K> {
             (Some(t), Some((before, after))) if t == before => Some(after),
             _ => None,
         };
-    }
-
-    /// ClientIP-affinity slots as the kernel holds them, so that pinned clients keep their
-    /// endpoints: from what was last applied, or from a read-back where that is unknown or
-    /// `verify` asks for one (kept for `apply`, which would read the same).
-    fn affinity_hints(
-        &mut self,
-        verify: bool,
-        outcome: &mut SyncOutcome,
-    ) -> Result<Hints, NftError> {
-        self.read_back.clear();
-        for family in IpFamily::ALL {
-            if verify || !self.applied.contains_key(&family) {
-                let t = Instant::now();
-                let have = self.kernel.read_table(family, ruleset::names::TABLE)?;
-                outcome.report.read += t.elapsed();
-                outcome.full = true;
-                self.read_back.insert(family, have);
-            }
-        }
-        let tables: Vec<&WireTable> = IpFamily::ALL
-            .iter()
-            .filter_map(|f| match self.read_back.get(f) {
-                Some(have) => have.as_ref(),
-                None => self.applied.get(f)?.as_ref(),
-            })
-            .collect();
-        Ok(affinity_hints(&tables))
     }
 
     /// Releases quarantined Services that changed since: they get another chance.

@@ -5,8 +5,9 @@
 //! Regenerate after an intended change with `UPDATE_GOLDEN=1 cargo test --test golden`, then
 //! review the diff: the goldens are the ruleset's documentation.
 //!
-//! A case with a previous state in `tests/fixtures/golden/before/<case>.yaml` is built over
-//! that state's table (its ClientIP-affinity slots kept), as a second `nodeproxy --once` does.
+//! A case with a previous state in `tests/fixtures/golden/before/<case>.yaml` renders as any
+//! other (the ruleset depends on the state alone); `tests/kernel_goldens.rs` programs it over
+//! the previous state's table and checks that the kernel converges to the same golden.
 
 // Tests fail by panicking; that is their job.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -59,7 +60,7 @@ fn cases() -> Vec<(String, PathBuf, Vec<String>)> {
 }
 
 /// Builds a fixture exactly as `nodeproxy --dry-run` does.
-fn build_case(path: &Path, args: &[String], hints: &ruleset::Hints) -> ruleset::Ruleset {
+fn build_case(path: &Path, args: &[String]) -> ruleset::Ruleset {
     let mut argv = vec!["nodeproxy".to_string(), "--dry-run".to_string()];
     argv.extend(args.iter().cloned());
     argv.push("--from-file".into());
@@ -71,30 +72,12 @@ fn build_case(path: &Path, args: &[String], hints: &ruleset::Hints) -> ruleset::
         &loaded.config,
         loaded.config.node_name().expect("node name"),
     );
-    ruleset::build_with(&input.state, &settings, hints)
+    ruleset::build(&input.state, &settings)
 }
 
-/// Renders a fixture as `nodeproxy --dry-run` does (minus its header comment line), or, when
-/// `before/<case>.yaml` holds a previous state, as nodeproxy programs it over that state's
-/// table: keeping the ClientIP-affinity slots read from it (`nodeproxy --once` twice).
+/// Renders a fixture as `nodeproxy --dry-run` does (minus its header comment line).
 pub fn render_case(path: &Path, args: &[String]) -> String {
-    let before = path
-        .parent()
-        .expect("fixture directory")
-        .join("before")
-        .join(path.file_name().expect("fixture file"));
-    let hints = if before.exists() {
-        let previous = build_case(&before, args, &ruleset::Hints::default());
-        let tables: Vec<_> = previous
-            .tables
-            .iter()
-            .map(|t| nft::lower(t).expect("lowers"))
-            .collect();
-        nodeproxy::sync::affinity_hints(&tables.iter().collect::<Vec<_>>())
-    } else {
-        ruleset::Hints::default()
-    };
-    ruleset::render::render(&build_case(path, args, &hints))
+    ruleset::render::render(&build_case(path, args))
 }
 
 #[test]
@@ -214,7 +197,7 @@ fn every_expression_the_goldens_lower_to_is_a_registered_kind() {
     let known: std::collections::BTreeSet<&str> = nft::kind_names().collect();
     let mut used = std::collections::BTreeSet::new();
     for (name, path, args) in cases() {
-        for table in build_case(&path, &args, &ruleset::Hints::default()).tables {
+        for table in build_case(&path, &args).tables {
             let lowered = nft::lower(&table).unwrap_or_else(|e| panic!("{name}: {e}"));
             for chain in lowered.chains.values() {
                 for rule in &chain.rules {

@@ -218,17 +218,39 @@ fn every_golden_programmed_through_netlink_lists_back_as_rendered() {
 /// `nodeport-affinity-…` chains that map elements reference) must converge to today's golden.
 #[test]
 fn affinity_with_nodeport_slots_keyed_by_node_address_converges_to_the_golden() {
-    let old = include_str!("data/affinity-nodeport-by-address.nft");
+    upgrade_converges(
+        include_str!("data/affinity-nodeport-by-address.nft"),
+        "chain nodeport-affinity-10800s-pick-3",
+        "affinity",
+    );
+}
+
+/// Loads `old` (an older version's table, holding `marker`) with nft, runs `--once` for
+/// `case` over it, and checks that the table then holds the case's golden objects.
+fn upgrade_converges(old: &'static str, marker: &'static str, case: &'static str) {
     let (log, listing) = in_netns(move || {
         nft_load(old);
-        assert!(listed().contains("chain nodeport-affinity-10800s-pick-3"));
-        let log = once("affinity");
+        assert!(listed().contains(marker));
+        let log = once(case);
         (log, listed())
     });
     assert_eq!(
         objects(&normalise(&listing)).join("\n"),
-        objects(&normalise(&golden("affinity"))).join("\n"),
+        objects(&normalise(&golden(case))).join("\n"),
         "the upgraded table differs from the golden\n{log}"
+    );
+}
+
+/// An upgrade: the `affinity-all` case (both families, Local policy, NodePorts on every
+/// address) as the slot layout wrote it (`tests/data/affinity-all-slots.nft`, that version's
+/// golden: `affinity-<T>s-pick-<k>` chains that map elements reference, slot sets and maps)
+/// must converge to today's golden in one `--once`.
+#[test]
+fn affinity_with_slot_objects_converges_to_the_golden() {
+    upgrade_converges(
+        include_str!("data/affinity-all-slots.nft"),
+        "set affinity-slot-0 {",
+        "affinity-all",
     );
 }
 

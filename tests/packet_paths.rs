@@ -9,7 +9,7 @@
 // Tests fail by panicking; that is their job.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,7 +17,6 @@ use std::process::Command;
 use nodeproxy::config::{self, Config, DetectLocalMode};
 use nodeproxy::explain;
 use nodeproxy::model::{ClusterState, IpFamily, Protocol, TrafficPolicy, endpoints_for};
-use nodeproxy::nft;
 use nodeproxy::ruleset::categorize::{NodeView, categorize};
 use nodeproxy::ruleset::eval::{self, Fate, Origin, Packet, Route, Trace};
 use nodeproxy::ruleset::{self, Ruleset, Settings};
@@ -46,25 +45,7 @@ fn build(name: &str, path: &Path, args: &[String]) -> Built {
     let loaded = config::load(argv.iter().map(Into::into), &no_env).expect("fixture args");
     let input = source::file::load_files(&loaded.config.from_file).expect("fixture parses");
     let settings = Settings::new(&loaded.config, loaded.config.node_name().unwrap());
-    // A case with a previous state is built over that state's table (as the golden is), so
-    // its ClientIP-affinity slots are the ones kept from there.
-    let before = path
-        .parent()
-        .unwrap()
-        .join("before")
-        .join(path.file_name().unwrap());
-    let hints = if before.exists() {
-        let previous = build(name, &before, args).ruleset;
-        let tables: Vec<_> = previous
-            .tables
-            .iter()
-            .map(|t| nft::lower(t).unwrap())
-            .collect();
-        nodeproxy::sync::affinity_hints(&tables.iter().collect::<Vec<_>>())
-    } else {
-        ruleset::Hints::default()
-    };
-    let ruleset = ruleset::build_with(&input.state, &settings, &hints);
+    let ruleset = ruleset::build(&input.state, &settings);
     let node_addrs = explain::node_addresses(&input.state, &settings.node_name);
     Built {
         name: name.to_string(),
@@ -654,7 +635,7 @@ fn expect_path(b: &Built, what: &str, pkt: Packet, want: &Want, tally: &mut Tall
                     }
                     Pin::Nothing => {
                         assert!(
-                            branch.dynamic.values().all(BTreeSet::is_empty),
+                            branch.dynamic.values().all(BTreeMap::is_empty),
                             "{what}: pinned without affinity: {:?}",
                             branch.dynamic
                         );

@@ -247,7 +247,7 @@ fn pinned(lab: &Lab, clients: &[IpAddr], rounds: usize) -> Vec<String> {
 /// kube-proxy keeps a pinned client on its endpoint for as long as that endpoint exists, whatever
 /// happens to the others. 24 clients (addresses of the client namespace) are pinned over the
 /// endpoints a1 < a2 < b1 of default/sticky; then a1, first in sorted order, goes away (each
-/// re-applied by a new `nodeproxy --once`, so the assignment also survives a restart): clients
+/// re-applied by a new `nodeproxy --once`, so the pins also survive a restart): clients
 /// of a2 and b1 stay, a1's clients are pinned anew; then an endpoint that sorts before all
 /// others arrives (pod-a1 on port 8081, server `d`): every client stays where it was.
 #[test]
@@ -255,7 +255,7 @@ fn client_ip_affinity_keeps_each_client_on_its_endpoint_when_others_come_and_go(
     keeps_each_client_on_its_endpoint(&[]);
 }
 
-/// The same with `--nodeport-addresses all`, whose NodePort slots are kept in their own maps.
+/// The same with `--nodeport-addresses all`, whose NodePort pins are kept in their own maps.
 #[test]
 fn client_ip_affinity_keeps_node_port_clients_on_their_endpoints_with_nodeport_addresses_all() {
     keeps_each_client_on_its_endpoint(&ALL_ADDRESSES);

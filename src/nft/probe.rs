@@ -133,6 +133,14 @@ const PROBES: &[Probe] = &[
         build: build_dynset_delete,
     },
     Probe {
+        // ClientIP affinity: a map written from the packet path with data, the destination
+        // address rewritten from a map and from conntrack (`ct original ip daddr`: kernel
+        // 4.17), and IPv6 pins keyed by `jhash`.
+        feature: "session affinity (dynamic map with data, address rewrite, ct original, jhash)",
+        config: |_| "CONFIG_NF_TABLES_SET, CONFIG_NFT_CT, CONFIG_NFT_HASH (kernel >= 4.17)",
+        build: build_affinity,
+    },
+    Probe {
         feature: "meta mark",
         config: |_| "CONFIG_NF_TABLES",
         build: build_mark,
@@ -561,6 +569,73 @@ fn build_fib(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
 /// `[ dynset update reg_key 1 set S timeout 10800000ms ]`.
 fn build_dynset(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
     dynset_probe(family, p, "dynset", NFT_DYNSET_OP_UPDATE)
+}
+
+/// Map `<p>-pins` and chain `<p>-affinity`: the statements of an affinity pick chain.
+fn build_affinity(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
+    let pins = format!("{p}-pins");
+    let (key, typeof_, pin_key) = match family {
+        IpFamily::V4 => (
+            vec![KeyField::Saddr, KeyField::Daddr],
+            false,
+            vec![KeyField::Saddr, KeyField::CtOrigDaddr],
+        ),
+        IpFamily::V6 => (
+            vec![KeyField::Numgen { modulus: 2 }; 2],
+            true,
+            [1, 2]
+                .map(|seed| KeyField::Jhash {
+                    input: crate::ruleset::HashInput::ClientServiceAddress,
+                    seed,
+                })
+                .to_vec(),
+        ),
+    };
+    let set = Set {
+        name: pins.clone(),
+        comment: String::new(),
+        key,
+        data: Some(SetData::Value(vec![KeyField::Daddr])),
+        typeof_,
+        elements: Vec::new(),
+        kind: crate::ruleset::SetKind::Dynamic,
+    };
+    let rules = vec![
+        guarded(
+            family,
+            vec![Stmt::DaddrFromMap {
+                key: pin_key.clone(),
+                map: pins.clone(),
+            }],
+        ),
+        guarded(
+            family,
+            vec![Stmt::UpdateSet {
+                key: pin_key.clone(),
+                set: pins.clone(),
+                timeout_secs: 10,
+                data: Some(KeyField::Daddr),
+            }],
+        ),
+        guarded(
+            family,
+            vec![Stmt::DeleteFromSet {
+                key: pin_key,
+                set: pins,
+                data: Some(KeyField::Daddr),
+            }],
+        ),
+        guarded(family, vec![Stmt::DaddrRestore]),
+    ];
+    table(
+        family,
+        vec![set],
+        vec![chain(
+            format!("{p}-affinity"),
+            Some((ChainType::Nat, Hook::Prerouting)),
+            rules,
+        )],
+    )
 }
 
 /// Like [`build_dynset`] with `delete @S { ip saddr }`.

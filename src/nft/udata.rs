@@ -79,7 +79,7 @@ pub fn parse_comment(udata: &[u8]) -> Option<String> {
 
 fn field_byteorder(f: KeyField) -> u32 {
     match f {
-        KeyField::Numgen { .. } => BYTEORDER_HOST,
+        KeyField::Numgen { .. } | KeyField::Jhash { .. } => BYTEORDER_HOST,
         _ => BYTEORDER_BIG,
     }
 }
@@ -87,8 +87,19 @@ fn field_byteorder(f: KeyField) -> u32 {
 /// nft's udata for one expression of a `typeof`: `{0: expr type, 1: {expr data}}`.
 fn typeof_expr(out: &mut Vec<u8>, family: IpFamily, f: KeyField) {
     let mut data = Vec::new();
+    // A set declares a `ct original … daddr` key as the destination address and a `jhash` as
+    // a `numgen` (the same types): nft 1.0.6 lists a `typeof jhash …` set by crashing.
+    let f = match f {
+        KeyField::CtOrigDaddr => KeyField::Daddr,
+        KeyField::Jhash { .. } => KeyField::Numgen { modulus: 2 },
+        f => f,
+    };
+    let modulus = match f {
+        KeyField::Numgen { modulus } => modulus,
+        _ => 2,
+    };
     let ty = match f {
-        KeyField::Saddr | KeyField::Daddr => {
+        KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr => {
             // proto desc: ip = 12, ip6 = 13; field: ip saddr 11 / daddr 12, ip6 saddr 8 / daddr 9.
             let (desc, field) = match (family, f) {
                 (IpFamily::V4, KeyField::Saddr) => (12, 11),
@@ -110,7 +121,7 @@ fn typeof_expr(out: &mut Vec<u8>, family: IpFamily, f: KeyField) {
             tlv_u32(&mut data, 0, 16); // NFT_META_L4PROTO
             EXPR_META
         }
-        KeyField::Numgen { modulus } => {
+        KeyField::Numgen { .. } | KeyField::Jhash { .. } => {
             tlv_u32(&mut data, 0, 1); // NFT_NG_RANDOM
             tlv_u32(&mut data, 1, modulus);
             tlv_u32(&mut data, 2, 0); // offset

@@ -1,5 +1,4 @@
-//! `build(state, settings) -> Ruleset`: the desired ruleset, pure and deterministic
-//! (`build_with` also takes the affinity slots to keep, [`affinity::Hints`]).
+//! `build(state, settings) -> Ruleset`: the desired ruleset, pure and deterministic.
 //!
 //! The layout is data-driven (DESIGN §3 "kernel cost"): a fixed set of chains, plus one small
 //! `pick-<k>` chain per endpoint count `k` in use, and every Service, endpoint and NodePort is an
@@ -31,14 +30,10 @@ use crate::model::{
 /// the other Services, not on the Service alone.
 pub type Contested = BTreeSet<ServiceName>;
 
-/// [`build_with`], also returning the Services involved in a contested key (the one that kept
-/// it and those whose element was dropped). The incremental sync rebuilds single Services,
-/// which is only sound for Services whose elements do not depend on the others.
-pub fn build_noting_contested(
-    state: &ClusterState,
-    settings: &Settings,
-    hints: &Hints,
-) -> (Ruleset, Contested) {
+/// [`build`], also returning the Services involved in a contested key (the one that kept it
+/// and those whose element was dropped). The incremental sync rebuilds single Services, which
+/// is only sound for Services whose elements do not depend on the others.
+pub fn build_noting_contested(state: &ClusterState, settings: &Settings) -> (Ruleset, Contested) {
     let mut contested = Contested::new();
     let tables = IpFamily::ALL
         .iter()
@@ -48,26 +43,19 @@ pub fn build_noting_contested(
             let mut table = build_table(state, settings, family, &claims, &mut contested);
             // Source ranges and session affinity live in their own modules.
             firewall::add(state, settings, family, &claims, &mut table, &mut contested);
-            affinity::add(state, &mut table, hints, &mut contested);
+            affinity::add(state, &mut table, &mut contested);
             table
         })
         .collect();
     (Ruleset { tables }, contested)
 }
 
-/// Builds both tables, with ClientIP-affinity slots in sorted endpoint order.
+/// Builds both tables.
 pub fn build(state: &ClusterState, settings: &Settings) -> Ruleset {
-    build_with(state, settings, &Hints::default())
+    build_noting_contested(state, settings).0
 }
 
-/// Builds both tables, keeping every ClientIP-affinity endpoint in the slot `hints` gives it
-/// (see [`affinity`]): pass what the kernel holds so that pinned clients stay where they are.
-pub fn build_with(state: &ClusterState, settings: &Settings, hints: &Hints) -> Ruleset {
-    build_noting_contested(state, settings, hints).0
-}
-
-pub mod affinity;
-pub use affinity::{Hints, ServiceKey};
+mod affinity;
 mod claims;
 mod diagnostics;
 mod firewall;

@@ -25,11 +25,15 @@
 //! - `numgen random mod k` is not sampled: evaluation forks into one [`Branch`] per value, so a
 //!   trace holds every possible DNAT target and what happens to the packet after each.
 //! - Dynamic sets (`flags dynamic`: affinity pins) hold what earlier connections wrote, given as
-//!   [`DynamicSets`] ([`evaluate`] starts from none). `update` and `delete` change them, and
-//!   each [`Branch`] carries the sets as it left them: evaluating the same client's next
-//!   connection with a branch's sets shows where that client is pinned.
+//!   [`DynamicSets`] ([`evaluate`] starts from none). `update` and `delete` change them (an
+//!   `update` of a key that is there keeps its data, as the kernel does), and each [`Branch`]
+//!   carries the sets as it left them: evaluating the same client's next connection with a
+//!   branch's sets shows where that client is pinned.
+//! - `ip daddr set …` rewrites the destination the later rules see; `ct original ip daddr` is
+//!   the destination the packet arrived with. A `jhash` is a hash of the same fields, not the
+//!   kernel's value: only the evaluator reads the keys it writes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -171,6 +175,8 @@ struct Run<'a> {
     moduli: Vec<u32>,
     rules_run: usize,
     dynamic: DynamicSets,
+    /// The destination the connection was opened to: `ct original … daddr`.
+    original_dst: IpAddr,
 }
 
 /// Per-rule context: the base chain's hook and type, and what the rule has matched so far.
@@ -201,6 +207,7 @@ impl<'a> Run<'a> {
             tables,
             family,
             local_addrs,
+            original_dst: pkt.dst,
             pkt,
             mark: 0,
             mark_setters: Vec::new(),

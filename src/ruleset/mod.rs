@@ -16,8 +16,8 @@ use std::sync::Arc;
 use crate::model::{IpFamily, Protocol, ServicePortName};
 
 pub use build::{
-    AddressKind, Claim, Claims, Clash, Contested, DetectLocal, Hints, NodePortAddresses, Settings,
-    address_warnings, build, build_noting_contested, build_with, diagnostics,
+    AddressKind, Claim, Claims, Clash, Contested, DetectLocal, NodePortAddresses, Settings,
+    address_warnings, build, build_noting_contested, diagnostics,
 };
 
 /// Everything nodeproxy programs: one table per IP family.
@@ -123,7 +123,44 @@ pub enum KeyField {
     ThDport,
     /// `numgen random mod N`: a uniformly random slot in `0..N`.
     Numgen { modulus: u32 },
+    /// `ct original ip daddr` / `ct original ip6 daddr`: the destination the connection was
+    /// opened to, whatever rules have since rewritten in the packet (conntrack took it before
+    /// the first rule ran).
+    CtOrigDaddr,
+    /// `jhash <fields> mod 4294967295 seed <seed>`: a 32-bit hash of the packet's values of
+    /// `input`'s fields (ClientIP affinity's IPv6 pins, see [`HashInput`]).
+    Jhash { input: HashInput, seed: u32 },
 }
+
+/// What a [`KeyField::Jhash`] hashes. nft 1.0.6 cannot write an element with data from the
+/// packet path when the key is longer than 16 bytes (its register allocation puts the data in
+/// register 2 whatever the key's length: `netlink_linearize.c` asserts), so the IPv6 pins of
+/// session affinity are keyed by two hashes of the client and service instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HashInput {
+    /// `saddr . ct original daddr . meta l4proto . th dport`: a client of a service address.
+    ClientServiceAddress,
+    /// `saddr . meta l4proto . th dport`: a client of a NodePort.
+    ClientNodePort,
+}
+
+impl HashInput {
+    pub fn fields(self) -> &'static [KeyField] {
+        match self {
+            HashInput::ClientServiceAddress => &[
+                KeyField::Saddr,
+                KeyField::CtOrigDaddr,
+                KeyField::L4Proto,
+                KeyField::ThDport,
+            ],
+            HashInput::ClientNodePort => &[KeyField::Saddr, KeyField::L4Proto, KeyField::ThDport],
+        }
+    }
+}
+
+/// The modulus of every [`KeyField::Jhash`]: the whole 32-bit range but one value (nft's
+/// modulus is a u32).
+pub const JHASH_MODULUS: u32 = u32::MAX;
 
 /// One statement of a rule: a match that may end evaluation of the rule, or an action.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,19 +221,35 @@ pub enum Stmt {
         key: Vec<KeyField>,
         set: String,
     },
-    /// `update @set { <key> timeout <secs>s }`: adds the key to a dynamic set from the packet
-    /// path, or refreshes its timeout if it is there.
+    /// `update @set { <key> timeout <secs>s }` (`… : <data>` for a map): adds the key to a
+    /// dynamic set from the packet path, or refreshes its timeout if it is there. The kernel
+    /// never changes the data of an element that is there (`nft_dynset_eval` only refreshes
+    /// its expiration).
     UpdateSet {
         key: Vec<KeyField>,
         set: String,
         timeout_secs: u32,
+        data: Option<KeyField>,
     },
-    /// `delete @set { <key> }`: removes the key from a dynamic set from the packet path (a
-    /// no-op when it is not there). Kernel >= 5.4 (`NFT_DYNSET_OP_DELETE`).
+    /// `delete @set { <key> }` (`… : <data>` for a map: the kernel wants a data register for
+    /// every dynset of a map, `nft_dynset_init`): removes the key from a dynamic set from the
+    /// packet path (a no-op when it is not there). Kernel >= 5.4 (`NFT_DYNSET_OP_DELETE`).
     DeleteFromSet {
         key: Vec<KeyField>,
         set: String,
+        data: Option<KeyField>,
     },
+    /// `ip daddr set <key> map @map`: rewrites the packet's destination address to the
+    /// address the map gives for the key; a miss ends the rule. ClientIP affinity carries the
+    /// endpoint it chose from one rule to the next in the destination address (nft has no
+    /// other per-packet scratch value that others do not use: marks belong to everyone), and
+    /// puts the service address back ([`Stmt::DaddrRestore`]) when no DNAT followed.
+    DaddrFromMap {
+        key: Vec<KeyField>,
+        map: String,
+    },
+    /// `ip daddr set ct original ip daddr`.
+    DaddrRestore,
     /// `numgen random mod <modulus> <value>`: matches with probability 1/modulus.
     RandomIs {
         modulus: u32,

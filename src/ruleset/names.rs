@@ -59,7 +59,8 @@ pub const FIREWALL_ALLOW: &str = "firewall-allow";
 // traffic, which may arrive on any NodePort address, by `protocol . NodePort` alone, under
 // `affinity-nodeport-`; and the same two for outside traffic to this node's endpoints under
 // `externalTrafficPolicy: Local`, under `affinity-local-` and `affinity-nodeport-local-`.
-// (Versions that keyed NodePorts by node address had chains named `nodeport-affinity-…`: new
+// (Versions that keyed NodePorts by node address had chains named `nodeport-affinity-…`, and
+// the slot layout after them `…-slot-<i>` objects and `<prefix><T>s-pick-<k>` chains: new
 // names let an upgrade drop those as stale objects, where reusing a name with another comment
 // would need the chain recreated while map elements reference it.)
 
@@ -72,59 +73,34 @@ pub const AFFINITY_LOCAL: &str = "affinity-local-";
 /// Prefix of the affinity objects of NodePort traffic to this node's endpoints.
 pub const AFFINITY_NODEPORT_LOCAL: &str = "affinity-nodeport-local-";
 
-/// The dynamic set of `client . service key` pinned to slot `i`.
-pub fn affinity_slot_set(prefix: &str, i: usize) -> String {
-    format!("{prefix}slot-{i}")
+/// The dynamic map `client . service key` → the endpoint address the client is pinned to.
+pub fn affinity_pins(prefix: &str) -> String {
+    format!("{prefix}pins")
 }
 
-/// The map service key → the endpoint in slot `i`, for services with affinity.
-pub fn affinity_slot_map(prefix: &str, i: usize) -> String {
-    format!("{prefix}slot-{i}-endpoints")
+/// The map `service key . endpoint address` → `endpoint address . port` of the endpoints of
+/// services with affinity.
+pub fn affinity_endpoints(prefix: &str) -> String {
+    format!("{prefix}endpoints")
 }
 
-/// The slot `i` of a map named by [`affinity_slot_map`] with `prefix`.
-pub fn affinity_slot_of_map(prefix: &str, name: &str) -> Option<usize> {
-    slot_of(name.strip_prefix(prefix)?.strip_prefix("slot-")?)
+/// The map `service key . index` → endpoint address of services with affinity.
+pub fn affinity_pick(prefix: &str) -> String {
+    format!("{prefix}pick")
 }
 
-/// `i` of `<i>-endpoints`.
-fn slot_of(rest: &str) -> Option<usize> {
-    let i = rest.strip_suffix("-endpoints")?;
-    // Only the canonical spelling (no sign, no leading zeros), so that the name round-trips.
-    if i.is_empty() || (i.len() > 1 && i.starts_with('0')) || !i.bytes().all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    i.parse().ok()
+/// The chain that follows a client's pin (timeout `timeout`) while its endpoint exists.
+pub fn affinity_pinned_chain(prefix: &str, timeout: u32) -> String {
+    format!("{prefix}pinned-{timeout}s")
 }
 
-/// The verdict map service key → the slot chain (for the service's timeout) of services with
-/// an endpoint in slot `i`.
-pub fn affinity_slot_chains_map(prefix: &str, i: usize) -> String {
-    format!("{prefix}slot-{i}-chains")
-}
-
-/// The chain that pins a client to slot `i` for `timeout` seconds and DNATs to that slot.
-pub fn affinity_slot_chain(prefix: &str, timeout: u32, i: usize) -> String {
-    format!("{prefix}{timeout}s-slot-{i}")
-}
-
-/// The chain for services whose `k` endpoints are in slots `0..k` (dense) and whose affinity
-/// timeout is `timeout`: the client's pinned slot, or one at random.
-pub fn affinity_dense_pick_chain(prefix: &str, timeout: u32, k: usize) -> String {
-    format!("{prefix}{timeout}s-pick-{k}")
-}
-
-/// The verdict map `service key . random index below k` → the slot chain of one of the
-/// service's `k` endpoints.
-pub fn affinity_random_map(prefix: &str, k: usize) -> String {
-    format!("{prefix}random-{k}")
-}
-
-/// The chain for services with `k` endpoints in slots below `n` (sparse, `n > k`): the client's
-/// pinned slot while occupied, or one of the `k` at random.
-pub fn affinity_pick_chain(prefix: &str, k: usize, n: usize) -> String {
-    format!("{prefix}pick-{k}-in-{n}")
+/// The chain for services with `k` endpoints and affinity timeout `timeout`: the client's
+/// pinned endpoint, or one at random. (The slot layout before it named its chains
+/// `<prefix><T>s-pick-<k>`: a new name lets an upgrade replace those as stale objects, where
+/// reusing one with another comment would need the chain recreated while map elements
+/// reference it, which the kernel refuses with EBUSY.)
+pub fn affinity_pick_chain(prefix: &str, timeout: u32, k: usize) -> String {
+    format!("{prefix}pick-{k}-pin-{timeout}s")
 }
 
 /// The chain that DNATs ClusterIP traffic to one of `k` endpoints.

@@ -140,7 +140,11 @@ pub fn datatype(family: IpFamily, field: KeyField) -> &'static str {
         },
         KeyField::L4Proto => "inet_proto",
         KeyField::ThDport => "inet_service",
-        KeyField::Numgen { .. } => "integer",
+        KeyField::Numgen { .. } | KeyField::Jhash { .. } => "integer",
+        KeyField::CtOrigDaddr => match family {
+            IpFamily::V4 => "ipv4_addr",
+            IpFamily::V6 => "ipv6_addr",
+        },
     }
 }
 
@@ -160,6 +164,12 @@ fn key_expr(family: IpFamily, field: KeyField) -> String {
         KeyField::L4Proto => "meta l4proto".to_string(),
         KeyField::ThDport => "th dport".to_string(),
         KeyField::Numgen { modulus } => format!("numgen random mod {modulus}"),
+        KeyField::CtOrigDaddr => format!("ct original {fam} daddr"),
+        KeyField::Jhash { input, seed } => format!(
+            "jhash {} mod {} seed {seed:#x}",
+            key_exprs(family, input.fields()),
+            crate::ruleset::JHASH_MODULUS
+        ),
     }
 }
 
@@ -342,17 +352,37 @@ pub fn stmt(family: IpFamily, s: &Stmt) -> String {
             key,
             set,
             timeout_secs,
+            data,
         } => format!(
-            "update @{set} {{ {} timeout {} }}",
+            "update @{set} {{ {} timeout {}{} }}",
             key_exprs(family, key),
-            duration(*timeout_secs)
+            duration(*timeout_secs),
+            data_suffix(family, *data)
         ),
-        Stmt::DeleteFromSet { key, set } => {
-            format!("delete @{set} {{ {} }}", key_exprs(family, key))
-        }
+        Stmt::DeleteFromSet { key, set, data } => format!(
+            "delete @{set} {{ {}{} }}",
+            key_exprs(family, key),
+            data_suffix(family, *data)
+        ),
+        Stmt::DaddrFromMap { key, map } => format!(
+            "{} daddr set {} map @{map}",
+            family_keyword(family),
+            key_exprs(family, key)
+        ),
+        Stmt::DaddrRestore => format!(
+            "{} daddr set {}",
+            family_keyword(family),
+            key_expr(family, KeyField::CtOrigDaddr)
+        ),
         Stmt::RandomIs { modulus, value } => format!("numgen random mod {modulus} {value}"),
         Stmt::Verdict(v) => verdict(v),
     }
+}
+
+/// ` : <data>` of a set statement that writes a map's element.
+fn data_suffix(family: IpFamily, data: Option<KeyField>) -> String {
+    data.map(|d| format!(" : {}", key_expr(family, d)))
+        .unwrap_or_default()
 }
 
 /// A duration as nft prints it: `3h`, `1m30s`, `2d`, `0s`.

@@ -19,8 +19,8 @@
 //! (built from the Nodes and settings alone): exactly those reachable, through chain rules,
 //! from a chain that some element's verdict goes to (`pick_objects` builds a `pick-<k>` chain
 //! and map for each endpoint count a verdict goes to; `affinity::drop_unused_picks` removes those
-//! that affinity left without a reference; affinity builds the slot objects its `affinity-…`
-//! chains use). Keeping a count of verdicts per chain and, per object, of the referenced
+//! that affinity left without a reference; affinity builds a pick chain per timeout and
+//! endpoint count a verdict goes to, and the maps and pinned chain those use). Keeping a count of verdicts per chain and, per object, of the referenced
 //! chains it is reachable from makes the check cost what changed.
 //!
 //! The changed Services' current elements are found through `index.rs`: per origin, the runs
@@ -236,10 +236,7 @@ impl<K: Kernel> Syncer<K> {
         };
 
         let t = Instant::now();
-        // The changed affinity Services keep their endpoints' slots, as in `sync`.
-        let applied: Vec<&WireTable> = self.applied.values().flatten().collect();
-        let hints = super::affinity_hints_for(&applied, changed);
-        let (desired, contested) = ruleset::build_noting_contested(&effective, settings, &hints);
+        let (desired, contested) = ruleset::build_noting_contested(&effective, settings);
         if !contested.is_empty() {
             return Err("changed Services claim the same element key");
         }

@@ -406,60 +406,39 @@ fn add_sticky(state: &mut ClusterState, endpoints: &[&str]) {
     }
 }
 
-/// The slot maps holding `endpoint` (`addr . 8080`) for the ClusterIP and for the NodePort of
-/// `ns/sticky`: they must agree.
-fn slot_map_of(k: &mut PoisonKernel, endpoint: &str) -> Vec<String> {
-    let cluster_ip = slot_maps_of(k, "affinity-slot-", "203.0.113.30 . tcp . 80", endpoint);
-    let node_port = slot_maps_of(k, "affinity-nodeport-slot-", "tcp . 30090", endpoint);
-    assert_eq!(
-        node_port,
-        cluster_ip
-            .iter()
-            .map(|m| m.replacen("affinity-", "affinity-nodeport-", 1))
-            .collect::<Vec<_>>(),
-        "the NodePort's slot of {endpoint}"
-    );
-    cluster_ip
-}
-
-/// The maps named `<prefix>…-endpoints` holding `endpoint` (`addr . 8080`) under `key`.
-fn slot_maps_of(k: &mut PoisonKernel, prefix: &str, key: &str, endpoint: &str) -> Vec<String> {
+/// The elements of affinity map `map` of `ns/sticky`, as `nft list` would show their keys.
+fn affinity_keys(k: &mut PoisonKernel, map: &str) -> Vec<String> {
     let table = k
         .inner
         .read_table(IpFamily::V4, "nodeproxy")
         .unwrap()
         .unwrap();
-    table
-        .sets
-        .iter()
-        .filter(|(name, _)| name.ends_with("-endpoints") && name.starts_with(prefix))
-        .filter(|(_, set)| {
-            set.elements.iter().any(|(k, e)| {
-                set.format_key(k) == key
-                    && matches!(&e.data, Some(crate::nft::WireData::Value(v))
-                        if crate::nft::wire::format_concat(set.data_type.unwrap_or(0), v)
-                            == format!("{endpoint} . 8080"))
-            })
-        })
-        .map(|(name, _)| name.clone())
-        .collect()
+    let set = &table.sets[map];
+    set.elements.keys().map(|key| set.format_key(key)).collect()
 }
 
 #[test]
-fn affinity_slots_are_kept_across_a_restart_from_what_the_kernel_holds() {
+fn affinity_endpoints_are_elements_and_a_restart_reads_each_table_once() {
     let (a, b, c) = ("198.51.100.31", "198.51.100.32", "198.51.100.33");
     let mut st = state();
     add_sticky(&mut st, &[a, b, c]);
     let mut syncer = Syncer::new(kernel(&[]));
     syncer.sync(&st, &settings(), false).unwrap();
-    // One read per family: the affinity hints and the diff share the read-back.
     assert_eq!(syncer.kernel().reads, 2);
+    let endpoints = |addrs: &[&str], key: &str| -> Vec<String> {
+        addrs.iter().map(|a| format!("{key} . {a}")).collect()
+    };
     assert_eq!(
-        slot_map_of(syncer.kernel(), b),
-        ["affinity-slot-1-endpoints"]
+        affinity_keys(syncer.kernel(), "affinity-endpoints"),
+        endpoints(&[a, b, c], "203.0.113.30 . tcp . 80")
+    );
+    assert_eq!(
+        affinity_keys(syncer.kernel(), "affinity-nodeport-endpoints"),
+        endpoints(&[a, b, c], "tcp . 30090")
     );
 
-    // A new process (nothing applied in memory) over the same kernel, after `a` went away.
+    // A new process (nothing applied in memory) over the same kernel, after `a` went away:
+    // one read per family, and the endpoints map holds b and c.
     let mut restarted = Syncer::new(PoisonKernel {
         inner: std::mem::take(&mut syncer.kernel().inner),
         poisoned: Vec::new(),
@@ -470,25 +449,19 @@ fn affinity_slots_are_kept_across_a_restart_from_what_the_kernel_holds() {
     restarted.sync(&without_a, &settings(), false).unwrap();
     assert_eq!(restarted.kernel().reads, 2);
     assert_eq!(
-        slot_map_of(restarted.kernel(), b),
-        ["affinity-slot-1-endpoints"]
+        affinity_keys(restarted.kernel(), "affinity-endpoints"),
+        endpoints(&[b, c], "203.0.113.30 . tcp . 80")
     );
-    assert_eq!(
-        slot_map_of(restarted.kernel(), c),
-        ["affinity-slot-2-endpoints"]
-    );
-    // In steady state the hints come from what was applied: no read.
+    // In steady state the sync diffs against what it applied: no read.
     let mut with_d = state();
     add_sticky(&mut with_d, &["198.51.100.3", b, c]);
     restarted.sync(&with_d, &settings(), false).unwrap();
     assert_eq!(restarted.kernel().reads, 2);
     assert_eq!(
-        slot_map_of(restarted.kernel(), "198.51.100.3"),
-        ["affinity-slot-0-endpoints"]
-    );
-    assert_eq!(
-        slot_map_of(restarted.kernel(), b),
-        ["affinity-slot-1-endpoints"]
+        affinity_keys(restarted.kernel(), "affinity-pick"),
+        (0..3)
+            .map(|i| format!("203.0.113.30 . tcp . 80 . {i}"))
+            .collect::<Vec<_>>()
     );
 }
 
@@ -1337,8 +1310,8 @@ fn quarantine_holds_and_releases_services_on_the_incremental_path() {
 #[test]
 fn an_affinity_nodeport_on_every_address_is_rebuilt_like_a_full_build() {
     // With NodePorts on every address, an affinity Service's NodePort is pinned through the
-    // NodePort slot maps (keyed `protocol . NodePort`, no address); deleting the Service must
-    // leave the kernel exactly as a full build would.
+    // NodePort affinity maps (keyed `protocol . NodePort`, no address); deleting the Service
+    // must leave the kernel exactly as a full build would.
     let config = Config {
         nodeport_addresses: crate::config::NodePortAddresses {
             primary: false,
@@ -1357,14 +1330,10 @@ fn an_affinity_nodeport_on_every_address_is_rebuilt_like_a_full_build() {
     let key = (IpFamily::V4, "nodeproxy".to_string());
     let table = &syncer.kernel().tables[&key];
     assert!(!table.sets.contains_key("nodeport-pick-1-endpoints"));
-    assert_eq!(
-        table.sets["affinity-nodeport-slot-0-endpoints"]
-            .elements
-            .keys()
-            .map(|k| table.sets["affinity-nodeport-slot-0-endpoints"].format_key(k))
-            .collect::<Vec<_>>(),
-        ["tcp . 30080"]
-    );
+    let map = &table.sets["affinity-nodeport-endpoints"];
+    let keys: Vec<String> = map.elements.keys().map(|k| map.format_key(k)).collect();
+    assert_eq!(keys.len(), 1);
+    assert!(keys[0].starts_with("tcp . 30080 . "), "{keys:?}");
     st.services.remove(&name("ns", "good"));
     match syncer
         .sync_changed(&st.subset(&one("good")), &one("good"), &settings)

@@ -137,6 +137,50 @@ pub fn table(family: IpFamily) -> Table {
         vec![],
     );
     pins.kind = SetKind::Dynamic;
+    // Session affinity's map of pins (client . service → endpoint address), keyed by two
+    // hashes in IPv6 (nft 1.0.6 cannot write a longer key with data), and its pick map.
+    let (pin_type, pin_typeof, pin_key) = match family {
+        IpFamily::V4 => (
+            vec![Saddr, Daddr, L4Proto, ThDport],
+            false,
+            vec![Saddr, CtOrigDaddr, L4Proto, ThDport],
+        ),
+        IpFamily::V6 => (
+            vec![Numgen { modulus: 2 }; 2],
+            true,
+            [1, 2]
+                .map(|seed| Jhash {
+                    input: HashInput::ClientServiceAddress,
+                    seed,
+                })
+                .to_vec(),
+        ),
+    };
+    let mut address_pins = set(
+        "affinity-pins",
+        "client . service to its endpoint",
+        pin_type,
+        Some(SetData::Value(vec![Daddr])),
+        pin_typeof,
+        vec![],
+    );
+    address_pins.kind = SetKind::Dynamic;
+    let affinity_pick = set(
+        "affinity-pick",
+        "service . index to an endpoint address",
+        vec![Daddr, L4Proto, ThDport, Numgen { modulus: 2 }],
+        Some(SetData::Value(vec![Daddr])),
+        true,
+        vec![elem(
+            {
+                let mut k = svc3(a, Protocol::Tcp, 80);
+                k.push(Atom::Int(0));
+                k
+            },
+            Some(ElemData::Value(vec![Atom::Addr(ip(e1))])),
+            Some(api.clone()),
+        )],
+    );
     let sets = vec![
         set(
             "firewall-ips",
@@ -148,6 +192,8 @@ pub fn table(family: IpFamily) -> Table {
         ),
         firewall_allow,
         pins,
+        address_pins,
+        affinity_pick,
         set(
             "cluster-ips",
             "ClusterIPs of all services",
@@ -368,11 +414,13 @@ pub fn table(family: IpFamily) -> Table {
                     key: vec![Saddr, Daddr, L4Proto, ThDport],
                     set: "affinity-slot-0".into(),
                     timeout_secs: 2,
+                    data: None,
                 }],
                 vec![Stmt::UpdateSet {
                     key: vec![Saddr, Daddr, L4Proto, ThDport],
                     set: "affinity-slot-0".into(),
                     timeout_secs: 10800,
+                    data: None,
                 }],
             ],
         ),
@@ -396,6 +444,7 @@ pub fn table(family: IpFamily) -> Table {
                     Stmt::DeleteFromSet {
                         key: vec![Saddr, Daddr, L4Proto, ThDport],
                         set: "affinity-slot-0".into(),
+                        data: None,
                     },
                 ],
                 vec![Stmt::Vmap {
@@ -409,6 +458,36 @@ pub fn table(family: IpFamily) -> Table {
                     },
                     Stmt::Verdict(Verdict::Goto("affinity-2s-slot-0".into())),
                 ],
+            ],
+        ),
+        chain(
+            "affinity-2s-pinned",
+            "",
+            None,
+            vec![
+                vec![
+                    Stmt::DaddrFromMap {
+                        key: pin_key.clone(),
+                        map: "affinity-pins".into(),
+                    },
+                    jump("affinity-2s-pick-3"),
+                ],
+                vec![Stmt::DaddrFromMap {
+                    key: vec![CtOrigDaddr, L4Proto, ThDport, Numgen { modulus: 3 }],
+                    map: "affinity-pick".into(),
+                }],
+                vec![Stmt::UpdateSet {
+                    key: pin_key.clone(),
+                    set: "affinity-pins".into(),
+                    timeout_secs: 2,
+                    data: Some(Daddr),
+                }],
+                vec![Stmt::DeleteFromSet {
+                    key: pin_key,
+                    set: "affinity-pins".into(),
+                    data: Some(Daddr),
+                }],
+                vec![Stmt::DaddrRestore],
             ],
         ),
         chain(

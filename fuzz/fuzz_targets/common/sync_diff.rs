@@ -14,7 +14,7 @@ use std::fmt::Write;
 
 use nodeproxy::config::Config;
 use nodeproxy::model::{ClusterState, ServiceName};
-use nodeproxy::nft::{self, FakeKernel, WireTable};
+use nodeproxy::nft::{self, FakeKernel};
 use nodeproxy::ruleset::{self, Settings};
 use nodeproxy::sync::{Incremental, Syncer};
 
@@ -311,10 +311,6 @@ fn differences(a: &FakeKernel, b: &FakeKernel) -> String {
     out.join("\n")
 }
 
-fn tables(k: &FakeKernel) -> Vec<&WireTable> {
-    k.tables.values().collect()
-}
-
 pub fn check(data: &[u8]) {
     let mut b = Bytes { data, at: 0 };
     let settings = settings(b.byte());
@@ -328,9 +324,7 @@ pub fn check(data: &[u8]) {
         .unwrap_or_else(|e| panic!("full sync of the first state: {e}"));
     for (i, pair) in states.windows(2).enumerate() {
         let (a, next) = (&pair[0], &pair[1]);
-        // What `next` is from `a`'s kernel: the same slots for affinity endpoints.
-        let hints = nodeproxy::sync::affinity_hints(&tables(step.kernel()));
-        let desired = ruleset::build_with(next, &settings, &hints);
+        let desired = ruleset::build(next, &settings);
         let mut fresh = FakeKernel::new();
         nft::sync(&mut fresh, desired).unwrap_or_else(|e| panic!("step {i}: fresh sync: {e}"));
 

@@ -14,7 +14,7 @@ pub(super) struct FieldInfo {
 
 pub(super) fn field_info(family: IpFamily, f: KeyField) -> FieldInfo {
     match f {
-        KeyField::Saddr | KeyField::Daddr => match family {
+        KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr => match family {
             IpFamily::V4 => FieldInfo { type_id: 7, len: 4 },
             IpFamily::V6 => FieldInfo {
                 type_id: 8,
@@ -29,8 +29,8 @@ pub(super) fn field_info(family: IpFamily, f: KeyField) -> FieldInfo {
             type_id: 13,
             len: 2,
         },
-        // numgen is an `integer` of 32 bits, host byte order.
-        KeyField::Numgen { .. } => FieldInfo { type_id: 4, len: 4 },
+        // numgen and jhash are `integer`s of 32 bits, host byte order.
+        KeyField::Numgen { .. } | KeyField::Jhash { .. } => FieldInfo { type_id: 4, len: 4 },
     }
 }
 
@@ -98,15 +98,21 @@ pub(super) fn encode_atoms_at(
     for (f, a) in fields.iter().zip(atoms) {
         let start = out.len();
         match (f, a, family) {
-            (KeyField::Saddr | KeyField::Daddr, Atom::Addr(IpAddr::V4(ip)), IpFamily::V4) => {
-                out.extend_from_slice(&ip.octets())
-            }
-            (KeyField::Saddr | KeyField::Daddr, Atom::Addr(IpAddr::V6(ip)), IpFamily::V6) => {
-                out.extend_from_slice(&ip.octets())
-            }
+            (
+                KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr,
+                Atom::Addr(IpAddr::V4(ip)),
+                IpFamily::V4,
+            ) => out.extend_from_slice(&ip.octets()),
+            (
+                KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr,
+                Atom::Addr(IpAddr::V6(ip)),
+                IpFamily::V6,
+            ) => out.extend_from_slice(&ip.octets()),
             (KeyField::L4Proto, Atom::Proto(p), _) => out.push(p.number()),
             (KeyField::ThDport, Atom::Port(p), _) => out.extend_from_slice(&p.to_be_bytes()),
-            (KeyField::Numgen { .. }, Atom::Int(i), _) => out.extend_from_slice(&i.to_ne_bytes()),
+            (KeyField::Numgen { .. } | KeyField::Jhash { .. }, Atom::Int(i), _) => {
+                out.extend_from_slice(&i.to_ne_bytes())
+            }
             (KeyField::Saddr | KeyField::Daddr, Atom::Net(net), _)
                 if IpFamily::of(&net.addr()) == family =>
             {
@@ -128,7 +134,7 @@ pub(super) fn encode_atoms_at(
 
 /// The inverse of [`encode_atoms`] for exact values (no ranges): the atoms `bytes` hold for
 /// `fields`, or `None` when they do not have that shape (wrong length, a protocol no Service
-/// uses). Reads back what nodeproxy wrote, e.g. the affinity slot maps.
+/// uses). Reads back what nodeproxy wrote.
 pub fn decode_atoms(family: IpFamily, fields: &[KeyField], bytes: &[u8]) -> Option<Vec<Atom>> {
     let concat = fields.len() > 1;
     let mut pos = 0usize;
@@ -137,7 +143,7 @@ pub fn decode_atoms(family: IpFamily, fields: &[KeyField], bytes: &[u8]) -> Opti
         let len = field_info(family, *f).len as usize;
         let b = bytes.get(pos..pos + len)?;
         out.push(match f {
-            KeyField::Saddr | KeyField::Daddr => match family {
+            KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr => match family {
                 IpFamily::V4 => {
                     Atom::Addr(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(b).ok()?)))
                 }
@@ -147,7 +153,9 @@ pub fn decode_atoms(family: IpFamily, fields: &[KeyField], bytes: &[u8]) -> Opti
             },
             KeyField::L4Proto => Atom::Proto(Protocol::from_number(*b.first()?)?),
             KeyField::ThDport => Atom::Port(u16::from_be_bytes(b.try_into().ok()?)),
-            KeyField::Numgen { .. } => Atom::Int(u32::from_ne_bytes(b.try_into().ok()?)),
+            KeyField::Numgen { .. } | KeyField::Jhash { .. } => {
+                Atom::Int(u32::from_ne_bytes(b.try_into().ok()?))
+            }
         });
         pos += if concat { pad4_len(len) } else { len };
     }

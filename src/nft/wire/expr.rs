@@ -13,6 +13,7 @@ pub(crate) mod cmp;
 pub(crate) mod ct;
 pub(crate) mod dynset;
 pub(crate) mod fib;
+pub(crate) mod hash;
 pub(crate) mod immediate;
 pub(crate) mod lookup;
 pub(crate) mod masq;
@@ -34,13 +35,14 @@ pub(crate) struct Kind {
 }
 
 /// Every kind nodeproxy programs.
-const KINDS: [&Kind; 14] = [
+const KINDS: [&Kind; 15] = [
     &bitwise::KIND,
     &byteorder::KIND,
     &cmp::KIND,
     &ct::KIND,
     &dynset::KIND,
     &fib::KIND,
+    &hash::KIND,
     &immediate::KIND,
     &lookup::KIND,
     &masq::KIND,

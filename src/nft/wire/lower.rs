@@ -10,7 +10,8 @@ use super::expr::payload::{
     self, NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, TH_DPORT_LEN, TH_DPORT_OFFSET,
 };
 use super::expr::{
-    NFT_REG_1, NFT_REG_VERDICT, byteorder, dynset, fib, immediate, masq, nat, numgen, reg, reject,
+    NFT_REG_1, NFT_REG_VERDICT, byteorder, dynset, fib, hash, immediate, masq, nat, numgen, reg,
+    reject,
 };
 use super::*;
 
@@ -27,10 +28,31 @@ pub(super) fn load_key_for(
     interval: bool,
     out: &mut Vec<WireExpr>,
 ) -> u32 {
-    let mut word = 0u32;
+    load_key_at(family, key, interval, 0, HASH_INPUT_IN_LOOKUP, out)
+}
+
+/// Where nft 1.0.6 loads the fields a `jhash` of a key hashes: from word 6 (`NFT_REG32_06`) in
+/// a lookup's key, from word 4 (`NFT_REG_2`) in a set statement's (`--debug=netlink`, IPv6
+/// affinity pins of 24 and 40 bytes alike). Ours must be the same bytecode, or a table nft
+/// loaded from `--dry-run`'s text would read back as different.
+const HASH_INPUT_IN_LOOKUP: u32 = 6;
+const HASH_INPUT_IN_STATEMENT: u32 = 4;
+
+/// Loads the key fields into consecutive registers from word `start`, the fields of a `jhash`
+/// from word `hash_at`; returns the word after the key.
+fn load_key_at(
+    family: IpFamily,
+    key: &[KeyField],
+    interval: bool,
+    start: u32,
+    hash_at: u32,
+    out: &mut Vec<WireExpr>,
+) -> u32 {
+    let mut word = start;
     for f in key {
         let r = reg(word);
         let info = field_info(family, *f);
+        let v6 = family == IpFamily::V6;
         let expr = match f {
             KeyField::Saddr => {
                 let offset = addr_offset(family, AddrField::Saddr);
@@ -40,6 +62,7 @@ pub(super) fn load_key_for(
                 let offset = addr_offset(family, AddrField::Daddr);
                 payload::load(r, NFT_PAYLOAD_NETWORK_HEADER, offset, info.len)
             }
+            KeyField::CtOrigDaddr => ct::load_original_daddr(v6, r),
             KeyField::L4Proto if interval && key.len() > 1 => {
                 out.push(meta::load(NFT_META_L4PROTO, r));
                 byteorder::hton_l4proto(r)
@@ -52,11 +75,61 @@ pub(super) fn load_key_for(
                 TH_DPORT_LEN,
             ),
             KeyField::Numgen { modulus } => numgen::random(r, *modulus),
+            KeyField::Jhash { input, seed } => {
+                // The hashed fields are loaded again for each hash, clear of the hashes
+                // already written (words 0 and 1), as nft does.
+                let (_, len) = concat_type(family, input.fields());
+                load_key_at(family, input.fields(), false, hash_at, hash_at, out);
+                hash::jhash(reg(hash_at), len, crate::ruleset::JHASH_MODULUS, *seed, r)
+            }
         };
         out.push(expr);
         word += pad4(info.len) / 4;
     }
     word
+}
+
+/// The first word of the 16-byte register after a key that ends before word `end`: where nft
+/// puts the data of a set statement.
+fn data_word(end: u32) -> u32 {
+    end.div_ceil(4) * 4
+}
+
+/// Writes register NFT_REG_1 (an address of `family`) over the packet's destination address.
+fn write_daddr(family: IpFamily, out: &mut Vec<WireExpr>) {
+    let len = field_info(family, KeyField::Daddr).len;
+    let offset = addr_offset(family, AddrField::Daddr);
+    out.push(payload::write_daddr(
+        family == IpFamily::V6,
+        NFT_REG_1,
+        offset,
+        len,
+    ));
+}
+
+/// Checks that a set statement's `data` is what dynamic set `set` holds (none for a set).
+fn check_dynamic(
+    family: IpFamily,
+    table: &Table,
+    set: &str,
+    data: Option<KeyField>,
+) -> Result<(), String> {
+    let Some(s) = table.set(set).filter(|s| s.kind == SetKind::Dynamic) else {
+        return Err(format!(
+            "update or delete of @{set}, which is not a dynamic set"
+        ));
+    };
+    let declared = match &s.data {
+        None => None,
+        Some(SetData::Value(fields)) => Some(concat_type(family, fields)),
+        Some(SetData::Verdict) => return Err(format!("@{set} is a verdict map")),
+    };
+    if declared != data.map(|d| concat_type(family, &[d])) {
+        return Err(format!(
+            "the data written does not match the data type of @{set}"
+        ));
+    }
+    Ok(())
 }
 
 /// The bytes nft compares for a prefix match, and the mask when the prefix is not byte-aligned:
@@ -137,25 +210,36 @@ pub(super) fn lower_stmt(
             load_key_for(family, key, interval, out);
             out.push(lookup::absent(set));
         }
-        Stmt::UpdateSet {
-            key,
-            set,
-            timeout_secs,
-        } => {
+        Stmt::UpdateSet { key, set, data, .. } | Stmt::DeleteFromSet { key, set, data } => {
             check_set_key(family, table, set, key)?;
-            if table.set(set).is_none_or(|s| s.kind != SetKind::Dynamic) {
-                return Err(format!("update of @{set}, which is not a dynamic set"));
-            }
-            load_key(family, key, out);
-            out.push(dynset::update(set, u64::from(*timeout_secs) * 1000));
+            check_dynamic(family, table, set, *data)?;
+            let end = load_key_at(family, key, false, 0, HASH_INPUT_IN_STATEMENT, out);
+            let data_reg = data.map(|d| {
+                let at = data_word(end);
+                load_key_at(family, &[d], false, at, at, out);
+                reg(at)
+            });
+            out.push(match stmt {
+                Stmt::UpdateSet { timeout_secs, .. } => {
+                    dynset::update(set, u64::from(*timeout_secs) * 1000, data_reg)
+                }
+                _ => dynset::delete(set, data_reg),
+            });
         }
-        Stmt::DeleteFromSet { key, set } => {
-            check_set_key(family, table, set, key)?;
-            if table.set(set).is_none_or(|s| s.kind != SetKind::Dynamic) {
-                return Err(format!("delete from @{set}, which is not a dynamic set"));
+        Stmt::DaddrFromMap { key, map } => {
+            check_set_key(family, table, map, key)?;
+            match table.set(map).and_then(|s| s.data.as_ref()) {
+                Some(SetData::Value(fields))
+                    if concat_type(family, fields) == concat_type(family, &[KeyField::Daddr]) => {}
+                _ => return Err(format!("@{map} is not a map to an address")),
             }
             load_key(family, key, out);
-            out.push(dynset::delete(set));
+            out.push(lookup::lookup(map, Some(NFT_REG_1)));
+            write_daddr(family, out);
+        }
+        Stmt::DaddrRestore => {
+            out.push(ct::load_original_daddr(family == IpFamily::V6, NFT_REG_1));
+            write_daddr(family, out);
         }
         Stmt::RandomIs { modulus, value } => {
             out.push(numgen::random(NFT_REG_1, *modulus));

@@ -2,214 +2,99 @@
 //! the endpoint the client's previous connection went to, as long as that was less than the
 //! affinity timeout ago (refreshed by each new connection) and that endpoint still exists.
 //!
-//! kube-proxy keeps one dynamic set and one chain per endpoint. Here nothing is per service:
-//! each endpoint of a service key holds a *slot*. A service key is `service address . protocol
-//! . port` for traffic to a ClusterIP, external IP or LoadBalancer IP, and `protocol . NodePort`
-//! for NodePort traffic (the *paths*; see below why NodePorts have their own), and
+//! kube-proxy keeps one dynamic set and one chain per endpoint, and each new connection checks
+//! one set per endpoint: a Service with 20k endpoints took 191 s of kernel time to program
+//! that way, and its every new connection walked 20k lookups. Here the number of kernel objects
+//! does not depend on any Service's endpoints, and neither does a new connection's work (a fixed
+//! handful of hash lookups). Per *path* (below) there are three maps:
 //!
-//! - `affinity-slot-<i>` (dynamic, timeout) holds `client . service address . protocol . port`
-//!   for clients pinned to slot `i`; the packet path writes it (`update`, `delete`), nodeproxy
-//!   only declares it, so a restart or resync keeps the pins;
-//! - `affinity-slot-<i>-endpoints` maps a service key to its endpoint in slot `i`;
-//! - `affinity-<T>s-slot-<i>` (per timeout `T` in use and slot): pin the client to slot `i` for
-//!   `T` seconds, then DNAT to the slot's endpoint.
+//! - `<path>pins` (dynamic, timeout): `client . service key` → the endpoint address the client
+//!   is pinned to. The packet path writes it (`update`, `delete`); nodeproxy only declares it,
+//!   so a restart or resync keeps the pins. Its size is the kernel's default for a set a rule
+//!   writes, 65535 pins (`nft_dynset_init`); when it is full, new clients are spread without
+//!   being pinned (the update is a rule of its own, so it cannot stop the DNAT).
+//! - `<path>endpoints`: `service key . endpoint address` → `endpoint address . port`, for every
+//!   endpoint of every affinity Service: the DNAT target, and the proof that a pin still
+//!   points at an endpoint of this service port.
+//! - `<path>pick`: `service key . index` → endpoint address, indices `0..k` in sorted endpoint
+//!   order: a new client's endpoint, uniformly at random (`numgen random mod k`).
 //!
-//! NodePorts have the same objects named `affinity-nodeport-…` (`affinity-nodeport-slot-<i>`,
-//! …), keyed without the destination address: `client . protocol . NodePort` pins and `protocol .
-//! NodePort` slot maps. The destination must stay out of the key because a NodePort answers on
-//! every NodePort address, and with `--nodeport-addresses all` on every local address through
-//! `fib daddr type local`, so there may be no list of addresses to key elements on (keying on
-//! the node's addresses left NodePorts unpinned under `all`). This layout is used for every
-//! NodePort, not only under `all`: one layout whatever the flag, one slot element per endpoint
-//! instead of one per endpoint and NodePort address, and a client's pin holds whichever node
-//! address it connects to, as kube-proxy's does. What it costs is a second set of static slot
-//! objects (chains per timeout and slot, sets and maps per slot), a constant; measured in
-//! docs/ruleset.md ("Session affinity").
+//! and chains that depend only on the timeout `T` and the endpoint count `k` in use:
+//! `<path>pick-<k>-pin-<T>s`, where the dispatch maps send a Service's key, and `<path>pinned-<T>s`.
+//! The chosen endpoint travels from one rule to the next in the packet's destination address
+//! (`ip daddr set … map @…`), because nft has no other per-packet value to carry it in that
+//! nobody else uses (marks are shared with every other firewall), and the service address is
+//! read back from conntrack (`ct original ip daddr`), which took it before any rule ran:
 //!
-//! Under `externalTrafficPolicy: Local`, outside clients of an external IP, LB IP or NodePort go
-//! to this node's endpoints only (`external-local-picks`, `nodeport-local-picks`), and are
-//! pinned there as kube-proxy pins them (its local-policy endpoint chains check affinity too).
-//! These Local-policy lists have the same objects again, named `affinity-local-…` (keyed like
-//! `affinity-…`) and `affinity-nodeport-local-…` (keyed like `affinity-nodeport-…`), with slots
-//! of their own. Sharing the cluster-wide slots and slot maps would not do: the local list is not
-//! always a subset of the cluster-wide one (with no ready local endpoint, the serving and
-//! terminating local ones are used, while the cluster-wide list holds the ready ones elsewhere),
-//! and a sparse local list needs occupancy and random maps of its own under the same service
-//! key anyway. Separate objects make the Local-policy path one more [`Path`], like NodePorts;
-//! its slots are kept through [`Hints`] (under [`ServiceKey::local`]) in the same way.
+//! ```text
+//! chain affinity-pick-3-pin-10800s
+//!   ip daddr set ip saddr . ct original ip daddr . meta l4proto . th dport map @affinity-pins jump affinity-pinned-10800s
+//!   ip daddr set ct original ip daddr . meta l4proto . th dport . numgen random mod 3 map @affinity-pick
+//!   update @affinity-pins { ip saddr . ct original ip daddr . meta l4proto . th dport timeout 3h : ip daddr }
+//!   dnat ip to ct original ip daddr . meta l4proto . th dport . ip daddr map @affinity-endpoints
+//!   ip daddr set ct original ip daddr
+//! chain affinity-pinned-10800s
+//!   update @affinity-pins { … timeout 3h : ip daddr }      (refreshes the timeout, never the data)
+//!   dnat ip to ct original ip daddr . meta l4proto . th dport . ip daddr map @affinity-endpoints
+//!   delete @affinity-pins { … : ip daddr }                 (the endpoint is gone: pick anew)
+//! ```
 //!
-//! Slots are stable: an endpoint keeps its slot while it exists, and a new endpoint takes the
-//! lowest slot free for its service key. Where the previous slots come from: [`Hints`], decoded
-//! from the `…slot-<i>-endpoints` maps of every path that the kernel holds (read back on start-up, so a restart keeps every assignment); without hints,
-//! slots are the positions in sorted order.
+//! Each statement that can fail is a rule of its own, and the last rule puts the service
+//! address back: a packet that was not DNATed (a pin or pick that misses in an inconsistent
+//! moment) leaves as if the service had no endpoint, never towards an endpoint without NAT, and
+//! a later `fib daddr type local` never sees an endpoint's address. Rewriting the address keeps
+//! the L4 checksum right (`nft_payload_set_eval` with `NFT_PAYLOAD_L4CSUM_PSEUDOHDR`, as nft
+//! itself asks), and the NAT that follows rewrites from the address written.
 //!
-//! A key whose `k` endpoints are in slots `0..k` (dense: always so without hints, and again once
-//! new endpoints have refilled the holes) goes to `affinity-<T>s-pick-<k>`: the client's pinned
-//! slot, else a cascade of `numgen random mod (k-i)` rules, each slot taken with 1/k. That chain
-//! looks up no per-service verdict map, so it costs the kernel's chain validation nothing per
-//! service. A key with holes (sparse: highest slot `n-1 > k-1`) goes to
-//! `affinity-pick-<k>-in-<n>`, which reads two more kinds of elements:
+//! The paths, each with its own objects named by its prefix: `affinity-` (ClusterIPs, external
+//! and LoadBalancer IPs, keyed by `address . protocol . port`), `affinity-nodeport-` (NodePorts,
+//! keyed by `protocol . NodePort` without the destination: a NodePort answers on every NodePort
+//! address, under `--nodeport-addresses all` on every local address, so a client's pin holds
+//! whichever node address it connects to, as kube-proxy's does), and the same two for outside
+//! traffic to this node's endpoints under `externalTrafficPolicy: Local` (`affinity-local-`,
+//! `affinity-nodeport-local-`), whose endpoint list is not always a subset of the cluster-wide
+//! one.
 //!
-//! - `affinity-slot-<i>-chains` maps a sparse key with an endpoint in slot `i` to the slot chain
-//!   for its timeout: a pin counts only while its slot is occupied;
-//! - `affinity-random-<k>` maps `service key . numgen random mod k` to the slot chains of the
-//!   key's `k` endpoints: a uniform pick among the endpoints present, whatever their slots.
+//! IPv6 pins are keyed by two 32-bit `jhash`es of the client and service key (see
+//! [`HashInput`] for why); two clients that collide on all 64 bits share a pin, which the
+//! endpoints map still checks belongs to the service port.
 //!
-//! For each slot below `n`, in ascending order, the sparse chain follows the client's pin if the
-//! slot is occupied, else deletes the stale pin; then it picks at random. The NodePort pick
-//! chains mark nothing: as for `nodeport-pick-<k>`, masquerading is the traffic policy chain's
-//! decision (`nodeport-cluster` marks everyone, `nodeport-local` not pods).
+//! Endpoint changes are element changes only, as without affinity: the pick map renumbers, the
+//! pins hold addresses and are untouched, so a pinned client stays on its endpoint whatever
+//! else comes and goes. Only a new `k` or timeout needs a (small, shared) chain. A service port
+//! turns affinity on or off by moving its elements.
 //!
-//! Stale pins: when an endpoint goes, its clients' pins stay in its slot set until they expire.
-//! A client that connects while the slot is empty is pinned anew (by the sparse chain, which
-//! deletes the stale pin, or by the dense one when the top slot went, whose stale pin lies above
-//! every live slot); its next connections stop at its live pin, below any slot refilled later. A
-//! client that does not connect while its slot is empty follows the pin to whichever endpoint
-//! refills the slot (kube-proxy deletes the pins with the endpoint's set and picks anew).
-//!
-//! A service port turns affinity on or off by moving its elements: data only, no rule changes,
-//! unless a new timeout, endpoint count or slot range needs its static chains.
+//! Two endpoints of one service port at the same address (different ports, possible only
+//! across EndpointSlices) are one endpoint here, the first in sorted order: a pin is an
+//! address.
 //!
 //! This runs after the main builder and rewrites what it produced for affinity services: a
 //! `service-ips`/`external-picks`/`nodeport-picks` element that goes to
 //! `pick-<k>`/`nodeport-pick-<k>`, and an `external-local-picks`/`nodeport-local-picks` element
-//! that goes to `local-pick-<k>`/`nodeport-local-pick-<k>`, goes to the path's affinity chains
-//! instead, and its `k` endpoint elements move to the path's slot maps. Elements that go
-//! elsewhere are left alone.
+//! that goes to `local-pick-<k>`/`nodeport-local-pick-<k>`, goes to the path's pick chain
+//! instead, and its `k` endpoint elements move to the path's maps. Elements that go elsewhere
+//! are left alone.
 //!
 //! Known difference from kube-proxy: the pin key holds the path (ClusterIP, external or LB
 //! address, or NodePort; cluster-wide or Local-policy list), so a client's pins via the
 //! ClusterIP and via the NodePort are independent.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::{Contested, Elements, chain, goto, set};
-use crate::model::{ClusterState, Protocol, ServicePortName};
+use crate::model::{ClusterState, IpFamily, ServicePortName};
 use crate::ruleset::names;
-use crate::ruleset::{Atom, ElemData, Element, KeyField, SetData, SetKind, Stmt, Table, Verdict};
+use crate::ruleset::{
+    Atom, ElemData, Element, HashInput, KeyField, SetData, SetKind, Stmt, Table, Verdict,
+};
 
-/// `service address . protocol . port`, or `protocol . NodePort` (`addr: None`): what affinity
-/// slots are assigned per, on the cluster-wide endpoint list or (`local`) on the Local-policy
-/// list of outside traffic, each with its own slots. A NodePort's key is the same in both
-/// families' tables; their endpoints are not, and slots are looked up per endpoint, so [`Hints`]
-/// may hold both under it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ServiceKey {
-    pub addr: Option<IpAddr>,
-    pub proto: Protocol,
-    pub port: u16,
-    /// The Local-policy list of outside traffic (`affinity-local-…`, `affinity-nodeport-local-…`).
-    pub local: bool,
-}
+/// The modulus a `pick` map's `typeof` names: only its type matters (a 32-bit integer); one
+/// map serves every endpoint count, so no count is the true one.
+const PICK_TYPEOF_MODULUS: u32 = 2;
 
-impl ServiceKey {
-    /// The key a slot map's element key holds (`local` as [`SlotMap::local`] says).
-    pub fn from_atoms(atoms: &[Atom], local: bool) -> Option<ServiceKey> {
-        match atoms {
-            [Atom::Addr(addr), Atom::Proto(proto), Atom::Port(port)] => Some(ServiceKey {
-                addr: Some(*addr),
-                proto: *proto,
-                port: *port,
-                local,
-            }),
-            [Atom::Proto(proto), Atom::Port(port)] => Some(ServiceKey {
-                addr: None,
-                proto: *proto,
-                port: *port,
-                local,
-            }),
-            _ => None,
-        }
-    }
-}
-
-/// What the name of a slot endpoint map (`affinity-slot-<i>-endpoints` and the other paths'
-/// `…slot-<i>-endpoints`) says about its elements, which map a service key to the endpoint
-/// (`address . port`) in slot `slot`: what a reader of the kernel's tables needs to recover
-/// [`Hints`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotMap {
-    pub slot: usize,
-    /// The fields of the elements' keys ([`ServiceKey::from_atoms`] reads them).
-    pub key: Vec<KeyField>,
-    /// The Local-policy list of outside traffic.
-    pub local: bool,
-}
-
-impl SlotMap {
-    /// The fields of the elements' data.
-    pub const DATA: [KeyField; 2] = [KeyField::Daddr, KeyField::ThDport];
-
-    /// The slot map `name` is, or `None` for any other set or map.
-    pub fn of(name: &str) -> Option<SlotMap> {
-        let (path, slot) = Path::slot_of_map(name)?;
-        Some(SlotMap {
-            slot,
-            key: path.service_key(),
-            local: path.local(),
-        })
-    }
-}
-
-/// The slot of each ClientIP-affinity endpoint, per service key, as a previous build assigned
-/// them: [`super::build_with`] keeps these, so pinned clients stay on their endpoints.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Hints {
-    slots: BTreeMap<ServiceKey, BTreeMap<SocketAddr, usize>>,
-}
-
-impl Hints {
-    /// Records that `endpoint` of `key` is in `slot`. An endpoint found in two slots (which
-    /// nodeproxy never writes) keeps the lower one, whatever the order they are found in.
-    pub fn insert(&mut self, key: ServiceKey, endpoint: SocketAddr, slot: usize) {
-        let slots = self.slots.entry(key).or_default();
-        let e = slots.entry(endpoint).or_insert(slot);
-        *e = (*e).min(slot);
-    }
-
-    /// The slots of the endpoints of `key`.
-    pub fn slots(&self, key: &ServiceKey) -> Option<&BTreeMap<SocketAddr, usize>> {
-        self.slots.get(key)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-}
-
-/// The slot of each of `endpoints`: the one `previous` gives it when that is still free, else
-/// the lowest free one, taken in the order of `endpoints`. Without `previous`, `0..k` in order.
-pub(crate) fn assign_slots(
-    endpoints: &[SocketAddr],
-    previous: Option<&BTreeMap<SocketAddr, usize>>,
-) -> Vec<usize> {
-    let mut used = BTreeSet::new();
-    let kept: Vec<Option<usize>> = endpoints
-        .iter()
-        .map(|ep| {
-            previous
-                .and_then(|p| p.get(ep))
-                .copied()
-                .filter(|&slot| used.insert(slot))
-        })
-        .collect();
-    let mut next = 0;
-    kept.into_iter()
-        .map(|slot| {
-            slot.unwrap_or_else(|| {
-                while used.contains(&next) {
-                    next += 1;
-                }
-                used.insert(next);
-                next
-            })
-        })
-        .collect()
-}
-
-/// Which traffic a set of slot objects serves, and so what its keys hold.
+/// Which traffic a set of affinity objects serves, and so what its keys hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Path {
     /// ClusterIPs, external IPs and LoadBalancer IPs to the cluster-wide endpoints:
@@ -227,13 +112,6 @@ enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 4] = [
-        Path::Address,
-        Path::NodePort,
-        Path::AddressLocal,
-        Path::NodePortLocal,
-    ];
-
     /// The prefix of the path's object names.
     fn prefix(self) -> &'static str {
         match self {
@@ -244,9 +122,8 @@ impl Path {
         }
     }
 
-    /// Whether the path serves the Local-policy (this node's) endpoint list.
-    fn local(self) -> bool {
-        matches!(self, Path::AddressLocal | Path::NodePortLocal)
+    fn by_address(self) -> bool {
+        matches!(self, Path::Address | Path::AddressLocal)
     }
 
     /// The path whose endpoints a dispatch map's elements send to a `pick` chain, and the kind
@@ -262,36 +139,79 @@ impl Path {
         })
     }
 
-    /// The path and slot of a slot endpoint map's name.
-    fn slot_of_map(name: &str) -> Option<(Path, usize)> {
-        Path::ALL
-            .into_iter()
-            .find_map(|path| names::affinity_slot_of_map(path.prefix(), name).map(|i| (path, i)))
-    }
-
-    /// The key of the slot maps.
+    /// The service key as the packet has it in the path's chains, whatever the destination
+    /// address has been rewritten to.
     fn service_key(self) -> Vec<KeyField> {
-        match self {
-            Path::Address | Path::AddressLocal => {
-                vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport]
-            }
-            Path::NodePort | Path::NodePortLocal => vec![KeyField::L4Proto, KeyField::ThDport],
+        if self.by_address() {
+            vec![KeyField::CtOrigDaddr, KeyField::L4Proto, KeyField::ThDport]
+        } else {
+            vec![KeyField::L4Proto, KeyField::ThDport]
         }
     }
 
-    /// The key of the pins: the client, then the service key.
-    fn pin_key(self) -> Vec<KeyField> {
-        let mut key = vec![KeyField::Saddr];
-        key.extend(self.service_key());
+    /// The service key's types, as the maps declare it.
+    fn service_key_type(self) -> Vec<KeyField> {
+        if self.by_address() {
+            vec![KeyField::Daddr, KeyField::L4Proto, KeyField::ThDport]
+        } else {
+            vec![KeyField::L4Proto, KeyField::ThDport]
+        }
+    }
+
+    /// `service key . endpoint address`: the `endpoints` map's key, looked up once the
+    /// destination address holds the endpoint.
+    fn endpoint_key(self) -> Vec<KeyField> {
+        let mut key = self.service_key();
+        key.push(KeyField::Daddr);
         key
     }
 
-    fn random_key(self, k: usize) -> Vec<KeyField> {
+    fn pick_key(self, k: usize) -> Vec<KeyField> {
         let mut key = self.service_key();
         key.push(KeyField::Numgen {
             modulus: u32::try_from(k).unwrap_or(u32::MAX),
         });
         key
+    }
+
+    fn hash_input(self) -> HashInput {
+        if self.by_address() {
+            HashInput::ClientServiceAddress
+        } else {
+            HashInput::ClientNodePort
+        }
+    }
+
+    /// The pin key: the client, then the service key; for IPv6 two hashes of them (see
+    /// [`HashInput`]).
+    fn pin_key(self, family: IpFamily) -> Vec<KeyField> {
+        match family {
+            IpFamily::V4 => {
+                let mut key = vec![KeyField::Saddr];
+                key.extend(self.service_key());
+                key
+            }
+            IpFamily::V6 => [1, 2]
+                .map(|seed| KeyField::Jhash {
+                    input: self.hash_input(),
+                    seed,
+                })
+                .to_vec(),
+        }
+    }
+
+    /// The pins map's declared key: plain types for IPv4; for IPv6's hashes `typeof numgen …`,
+    /// the 32-bit integer type nft 1.0.6 can both declare and list (`typeof jhash …` loads, but
+    /// `nft list` then crashes).
+    fn pin_key_type(self, family: IpFamily) -> (Vec<KeyField>, bool) {
+        match family {
+            IpFamily::V4 => {
+                let mut key = vec![KeyField::Saddr];
+                key.extend(self.service_key_type());
+                (key, false)
+            }
+            IpFamily::V6 => (vec![KeyField::Numgen { modulus: 2 }; 2], true),
+        }
     }
 
     /// What the service key is, for comments.
@@ -316,43 +236,34 @@ impl Path {
 
     /// What the endpoints are, for comments.
     fn endpoints(self) -> &'static str {
-        if self.local() {
+        if matches!(self, Path::AddressLocal | Path::NodePortLocal) {
             "local endpoint"
         } else {
             "endpoint"
         }
     }
 
-    fn slot_set(self, i: usize) -> String {
-        names::affinity_slot_set(self.prefix(), i)
+    fn pins_map(self) -> String {
+        names::affinity_pins(self.prefix())
     }
 
-    fn slot_map(self, i: usize) -> String {
-        names::affinity_slot_map(self.prefix(), i)
+    fn endpoints_map(self) -> String {
+        names::affinity_endpoints(self.prefix())
     }
 
-    fn slot_chains_map(self, i: usize) -> String {
-        names::affinity_slot_chains_map(self.prefix(), i)
+    fn pick_map(self) -> String {
+        names::affinity_pick(self.prefix())
     }
 
-    fn slot_chain(self, timeout: u32, i: usize) -> String {
-        names::affinity_slot_chain(self.prefix(), timeout, i)
+    fn pinned_chain(self, timeout: u32) -> String {
+        names::affinity_pinned_chain(self.prefix(), timeout)
     }
 
-    fn random_map(self, k: usize) -> String {
-        names::affinity_random_map(self.prefix(), k)
-    }
-
-    fn dense_pick_chain(self, timeout: u32, k: usize) -> String {
-        names::affinity_dense_pick_chain(self.prefix(), timeout, k)
-    }
-
-    fn pick_chain(self, k: usize, n: usize) -> String {
-        names::affinity_pick_chain(self.prefix(), k, n)
+    fn pick_chain(self, timeout: u32, k: usize) -> String {
+        names::affinity_pick_chain(self.prefix(), timeout, k)
     }
 }
 
-/// A kind of `pick` chain: the prefix of its name (before `k`), and the name of its map.
 type PickKind = (&'static str, fn(usize) -> String);
 
 /// The `pick` chains that affinity replaces: cluster-wide and Local-policy lists of service
@@ -372,7 +283,7 @@ fn pick_count(data: &Option<ElemData>, prefix: &str) -> Option<usize> {
     }
 }
 
-/// Removes and returns the elements of map `name` whose key is one of `prefixes` plus a slot.
+/// Removes and returns the elements of map `name` whose key is one of `prefixes` plus an index.
 fn take_endpoints(table: &mut Table, name: &str, prefixes: &BTreeSet<Vec<Atom>>) -> Vec<Element> {
     let Some(map) = table.sets.iter_mut().find(|s| s.name == name) else {
         return Vec::new();
@@ -388,8 +299,9 @@ fn take_endpoints(table: &mut Table, name: &str, prefixes: &BTreeSet<Vec<Atom>>)
     taken
 }
 
-/// The endpoint elements of one key prefix of a pick map, with their (dense) slots there.
-type Numbered = Vec<(u32, Element)>;
+/// The endpoint elements of one key prefix of a pick map, with their indices there, by map and
+/// key prefix.
+type Found = BTreeMap<(String, Vec<Atom>), Vec<(u32, Element)>>;
 
 /// One dispatch element of an affinity service port, found in pass 1.
 struct Job {
@@ -399,36 +311,23 @@ struct Job {
     path: Path,
     timeout: u32,
     /// The `pick` map its endpoints are in, under the element's key (which is also the
-    /// service key of the slot maps).
+    /// service key of the path's maps).
     from_map: String,
     key: Vec<Atom>,
 }
 
-/// The slot maps' elements of one path, by slot, and what its static objects must cover.
+/// The elements of one path's maps, and the chains they need.
 #[derive(Default)]
-struct Slots {
-    endpoints: BTreeMap<usize, Elements>,
-    chains: BTreeMap<usize, Elements>,
-    /// `…random-<k>` elements by `k`.
-    random: BTreeMap<usize, Elements>,
-    /// The slot range `n` each timeout's slot chains must cover.
-    ranges: BTreeMap<u32, usize>,
-    /// `(timeout, k)` of the dense pick chains in use.
-    dense: BTreeSet<(u32, usize)>,
-    /// `(k, n)` of the sparse pick chains in use.
-    picks: BTreeSet<(usize, usize)>,
-    /// The slots below this have a `…slot-<i>-chains` map (some sparse key reaches them).
-    sparse_slots: usize,
+struct PathObjects {
+    endpoints: Elements,
+    picks: Elements,
+    /// `(timeout, k)` of the pick chains in use.
+    chains: BTreeSet<(u32, usize)>,
 }
 
-/// Rewrites `table` for the services with ClientIP affinity, keeping the slots `hints` gives
-/// (the Services of a key claimed twice in its sets go into `contested`).
-pub(super) fn add(
-    state: &ClusterState,
-    table: &mut Table,
-    hints: &Hints,
-    contested: &mut Contested,
-) {
+/// Rewrites `table` for the services with ClientIP affinity (the Services of a key claimed
+/// twice in its maps go into `contested`).
+pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Contested) {
     let timeout_of = |origin: &Option<Arc<ServicePortName>>| {
         origin
             .as_ref()
@@ -473,22 +372,22 @@ pub(super) fn add(
             .or_default()
             .insert(job.key.clone());
     }
-    let mut found: BTreeMap<(String, Vec<Atom>), Numbered> = BTreeMap::new();
+    let mut found = Found::new();
     for (map, prefixes) in &wanted {
         for ep in take_endpoints(table, map, prefixes) {
-            let Some((Atom::Int(dense), prefix)) = ep.key.split_last() else {
+            let Some((Atom::Int(index), prefix)) = ep.key.split_last() else {
                 continue;
             };
-            let (dense, prefix) = (*dense, prefix.to_vec());
+            let (index, prefix) = (*index, prefix.to_vec());
             found
                 .entry((map.clone(), prefix))
                 .or_default()
-                .push((dense, ep));
+                .push((index, ep));
         }
     }
 
-    // Pass 3: slots per service key, the slot maps' elements, and the dispatch verdicts.
-    let mut paths: BTreeMap<Path, Slots> = BTreeMap::new();
+    // Pass 3: each job's elements in its path's maps, and its dispatch verdict.
+    let mut paths: BTreeMap<Path, PathObjects> = BTreeMap::new();
     let mut verdicts = Vec::new();
     for job in jobs {
         // Two dispatch elements may share endpoints (an external IP that repeats the
@@ -497,41 +396,42 @@ pub(super) fn add(
             continue;
         };
         // Sorted endpoint order, as the pick map numbered them.
-        eps.sort_by_key(|(dense, _)| *dense);
-        let eps: Vec<(SocketAddr, Element)> = eps
+        eps.sort_by_key(|(index, _)| *index);
+        let mut seen = BTreeSet::new();
+        let eps: Vec<(IpAddr, Element)> = eps
             .into_iter()
             .filter_map(|(_, e)| match &e.data {
                 Some(ElemData::Value(v)) => match v.as_slice() {
-                    [Atom::Addr(a), Atom::Port(p)] => Some((SocketAddr::new(*a, *p), e)),
+                    [Atom::Addr(a), Atom::Port(_)] => Some((*a, e)),
                     _ => None,
                 },
                 _ => None,
             })
+            .filter(|(addr, _)| seen.insert(*addr))
             .collect();
         if eps.is_empty() {
             continue;
         }
         let k = eps.len();
-        let addrs: Vec<SocketAddr> = eps.iter().map(|(a, _)| *a).collect();
-        let previous =
-            ServiceKey::from_atoms(&job.key, job.path.local()).and_then(|key| hints.slots(&key));
-        let assigned = assign_slots(&addrs, previous);
-        // The k endpoints are numbered 0..k exactly when the highest slot is k-1.
-        let n = assigned.iter().map(|s| s + 1).max().unwrap_or(k);
-        let dense = n == k;
-        let slots = paths.entry(job.path).or_default();
-        if !dense {
-            slots.sparse_slots = slots.sparse_slots.max(n);
+        let objects = paths.entry(job.path).or_default();
+        for (index, (addr, ep)) in eps.into_iter().enumerate() {
+            let with = |key: Vec<Atom>, data: Option<ElemData>| Element {
+                key,
+                data,
+                comment: ep.comment.clone(),
+                origin: ep.origin.clone(),
+            };
+            let mut pick = job.key.clone();
+            pick.push(Atom::Int(u32::try_from(index).unwrap_or(u32::MAX)));
+            objects
+                .picks
+                .push(with(pick, Some(ElemData::Value(vec![Atom::Addr(addr)]))));
+            let mut endpoint = job.key.clone();
+            endpoint.push(Atom::Addr(addr));
+            objects.endpoints.push(with(endpoint, ep.data.clone()));
         }
-        slots.add_key(job.path, &job.key, &eps, &assigned, job.timeout, dense);
-        let chain = if dense {
-            slots.dense.insert((job.timeout, k));
-            job.path.dense_pick_chain(job.timeout, k)
-        } else {
-            slots.picks.insert((k, n));
-            job.path.pick_chain(k, n)
-        };
-        verdicts.push((job.set, job.elem, chain));
+        objects.chains.insert((job.timeout, k));
+        verdicts.push((job.set, job.elem, job.path.pick_chain(job.timeout, k)));
     }
     for (set, elem, chain) in verdicts {
         if let Some(e) = table
@@ -543,222 +443,115 @@ pub(super) fn add(
         }
     }
     drop_unused_picks(table);
-    for (path, slots) in paths {
-        slots.add_objects(path, table, contested);
+    for (path, objects) in paths {
+        objects.add_to(path, table, contested);
     }
 }
 
-impl Slots {
-    /// Adds the elements of one service key whose endpoints (sorted) are in slots `assigned`:
-    /// its endpoint in each slot, and when the slots are sparse, what the sparse pick chains
-    /// read (which slots are occupied, and the random index of each).
-    fn add_key(
-        &mut self,
-        path: Path,
-        svc_key: &[Atom],
-        eps: &[(SocketAddr, Element)],
-        assigned: &[usize],
-        timeout: u32,
-        dense: bool,
-    ) {
-        let mut by_slot: Vec<(usize, &Element)> = assigned
-            .iter()
-            .copied()
-            .zip(eps.iter().map(|(_, e)| e))
-            .collect();
-        by_slot.sort_by_key(|(slot, _)| *slot);
-        let k = by_slot.len();
-        for (index, (slot, ep)) in by_slot.iter().enumerate() {
-            let with = |key: Vec<Atom>, data: Option<ElemData>| Element {
-                key,
-                data,
-                comment: ep.comment.clone(),
-                origin: ep.origin.clone(),
-            };
-            self.endpoints
-                .entry(*slot)
-                .or_default()
-                .push(with(svc_key.to_vec(), ep.data.clone()));
-            if dense {
-                continue;
-            }
-            let to_slot = goto(path.slot_chain(timeout, *slot));
-            self.chains
-                .entry(*slot)
-                .or_default()
-                .push(with(svc_key.to_vec(), to_slot.clone()));
-            let mut random = svc_key.to_vec();
-            random.push(Atom::Int(u32::try_from(index).unwrap_or(u32::MAX)));
-            self.random
-                .entry(k)
-                .or_default()
-                .push(with(random, to_slot));
-        }
-        let n = by_slot.last().map_or(0, |(slot, _)| slot + 1);
-        let range = self.ranges.entry(timeout).or_default();
-        *range = (*range).max(n);
-    }
-
-    /// The static sets, maps and chains of `path` that the elements need.
-    fn add_objects(mut self, path: Path, table: &mut Table, contested: &mut Contested) {
+impl PathObjects {
+    /// The path's maps with their elements, and its chains.
+    fn add_to(self, path: Path, table: &mut Table, contested: &mut Contested) {
+        let family = table.family;
         let what = path.what();
         let traffic = path.traffic();
         let eps = path.endpoints();
-        let slot_count = self.ranges.values().copied().max().unwrap_or(0);
-        for i in 0..slot_count {
-            let mut pins = set(
-                &path.slot_set(i),
-                &format!("client . {what} pinned to {eps} slot {i}"),
-                path.pin_key(),
+        let (pin_type, pin_typeof) = path.pin_key_type(family);
+        let mut pins = set(
+            &path.pins_map(),
+            &format!("client . {what} to the {eps} it is pinned to"),
+            pin_type,
+            Some(SetData::Value(vec![KeyField::Daddr])),
+            Vec::new(),
+            contested,
+        );
+        pins.kind = SetKind::Dynamic;
+        pins.typeof_ = pin_typeof;
+        table.sets.push(pins);
+        let mut endpoint_type = path.service_key_type();
+        endpoint_type.push(KeyField::Daddr);
+        table.sets.push(set(
+            &path.endpoints_map(),
+            &format!("{what} . {eps} address to the {eps} (ClientIP affinity)"),
+            endpoint_type,
+            Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
+            self.endpoints,
+            contested,
+        ));
+        let mut pick_type = path.service_key_type();
+        pick_type.push(KeyField::Numgen {
+            modulus: PICK_TYPEOF_MODULUS,
+        });
+        let mut pick = set(
+            &path.pick_map(),
+            &format!("{what} . index to an {eps} address (ClientIP affinity)"),
+            pick_type,
+            Some(SetData::Value(vec![KeyField::Daddr])),
+            self.picks,
+            contested,
+        );
+        pick.typeof_ = true;
+        table.sets.push(pick);
+
+        let pin_key = path.pin_key(family);
+        let timeouts: BTreeSet<u32> = self.chains.iter().map(|(t, _)| *t).collect();
+        let update = |timeout: u32| Stmt::UpdateSet {
+            key: pin_key.clone(),
+            set: path.pins_map(),
+            timeout_secs: timeout,
+            data: Some(KeyField::Daddr),
+        };
+        let dnat = || Stmt::DnatMap {
+            key: path.endpoint_key(),
+            map: path.endpoints_map(),
+        };
+        for &timeout in &timeouts {
+            table.chains.push(chain(
+                &path.pinned_chain(timeout),
+                &format!(
+                    "{traffic}ClientIP affinity: refresh the pin ({timeout}s), DNAT to its {eps} \
+                     if still there, else drop it"
+                ),
                 None,
-                Vec::new(),
-                contested,
-            );
-            pins.kind = SetKind::Dynamic;
-            pins.typeof_ = true;
-            table.sets.push(pins);
-            table.sets.push(set(
-                &path.slot_map(i),
-                &format!("{what} to the {eps} in slot {i} (ClientIP affinity)"),
-                path.service_key(),
-                Some(SetData::Value(vec![KeyField::Daddr, KeyField::ThDport])),
-                self.endpoints.remove(&i).unwrap_or_default(),
-                contested,
-            ));
-            if i >= self.sparse_slots {
-                continue;
-            }
-            table.sets.push(set(
-                &path.slot_chains_map(i),
-                &format!("{what} with an {eps} in slot {i}: the slot chain for its timeout"),
-                path.service_key(),
-                Some(SetData::Verdict),
-                self.chains.remove(&i).unwrap_or_default(),
-                contested,
+                vec![
+                    vec![update(timeout)],
+                    vec![dnat()],
+                    vec![Stmt::DeleteFromSet {
+                        key: pin_key.clone(),
+                        set: path.pins_map(),
+                        data: Some(KeyField::Daddr),
+                    }],
+                ],
             ));
         }
-        for (k, elements) in std::mem::take(&mut self.random) {
-            // The comment shares nft's 256-byte set userdata with the `typeof` description.
-            let mut random = set(
-                &path.random_map(k),
-                &format!("{what} . random index to a slot chain"),
-                path.random_key(k),
-                Some(SetData::Verdict),
-                elements,
-                contested,
-            );
-            random.typeof_ = true;
-            table.sets.push(random);
-        }
-        for (&timeout, &n) in &self.ranges {
-            for i in 0..n {
-                table.chains.push(chain(
-                    &path.slot_chain(timeout, i),
-                    &format!(
-                        "pin the {traffic}client to {eps} slot {i} for {timeout}s, DNAT to it"
-                    ),
-                    None,
+        for &(timeout, k) in &self.chains {
+            table.chains.push(chain(
+                &path.pick_chain(timeout, k),
+                &format!(
+                    "{traffic}ClientIP affinity, {k} {eps}s: the pinned one, else one at random, \
+                     pinned {timeout}s"
+                ),
+                None,
+                vec![
                     vec![
-                        // A separate rule: a full pin set must not stop the DNAT.
-                        vec![Stmt::UpdateSet {
-                            key: path.pin_key(),
-                            set: path.slot_set(i),
-                            timeout_secs: timeout,
-                        }],
-                        vec![Stmt::DnatMap {
-                            key: path.service_key(),
-                            map: path.slot_map(i),
-                        }],
+                        Stmt::DaddrFromMap {
+                            key: pin_key.clone(),
+                            map: path.pins_map(),
+                        },
+                        Stmt::Verdict(Verdict::Jump(path.pinned_chain(timeout))),
                     ],
-                ));
-            }
-        }
-        // Dense keys: the client's pinned slot, else a cascade of `numgen` over slots 0..k.
-        for &(timeout, k) in &self.dense {
-            table.chains.push(chain(
-                &path.dense_pick_chain(timeout, k),
-                &format!(
-                    "{traffic}ClientIP affinity, {k} {eps}s: the client's pinned slot, else one \
-                     at random"
-                ),
-                None,
-                dense_pick_rules(path, timeout, k),
-            ));
-        }
-        // Sparse keys.
-        for &(k, n) in &self.picks {
-            table.chains.push(chain(
-                &path.pick_chain(k, n),
-                &format!(
-                    "{traffic}ClientIP affinity, {k} {eps}s in slots below {n}: the client's \
-                     pinned slot while occupied, else one at random"
-                ),
-                None,
-                pick_rules(path, k, n),
+                    vec![Stmt::DaddrFromMap {
+                        key: path.pick_key(k),
+                        map: path.pick_map(),
+                    }],
+                    // Own rules: a full pins map must not stop the DNAT.
+                    vec![update(timeout)],
+                    vec![dnat()],
+                    // Reached only without a DNAT: the service address goes back.
+                    vec![Stmt::DaddrRestore],
+                ],
             ));
         }
     }
-}
-
-/// The pick rules of a dense key (slots 0..k, all occupied): the client's pinned slot, else
-/// slot `i` with a cascade of `numgen random mod (k-i)` rules, rule `i` reached with probability
-/// (k-i)/k and taken with 1/(k-i), so each slot gets 1/k. No per-service verdict map is looked
-/// up here; the kernel's chain validation stays as cheap as for a service without affinity.
-fn dense_pick_rules(path: Path, timeout: u32, k: usize) -> Vec<Vec<Stmt>> {
-    let to_slot = |i: usize| Stmt::Verdict(Verdict::Goto(path.slot_chain(timeout, i)));
-    let mut rules: Vec<Vec<Stmt>> = (0..k)
-        .map(|i| {
-            vec![
-                Stmt::InSet {
-                    key: path.pin_key(),
-                    set: path.slot_set(i),
-                },
-                to_slot(i),
-            ]
-        })
-        .collect();
-    for i in 0..k.saturating_sub(1) {
-        let modulus = u32::try_from(k - i).unwrap_or(u32::MAX);
-        rules.push(vec![Stmt::RandomIs { modulus, value: 0 }, to_slot(i)]);
-    }
-    if k > 0 {
-        rules.push(vec![to_slot(k - 1)]);
-    }
-    rules
-}
-
-/// For each slot below `n` in ascending order: follow the client's pin while the service has an
-/// endpoint in the slot, else delete the pin; then a uniform pick among the `k` endpoints.
-fn pick_rules(path: Path, k: usize, n: usize) -> Vec<Vec<Stmt>> {
-    let pinned = |i: usize| Stmt::InSet {
-        key: path.pin_key(),
-        set: path.slot_set(i),
-    };
-    let mut rules = Vec::with_capacity(2 * n + 1);
-    for i in 0..n {
-        rules.push(vec![
-            pinned(i),
-            Stmt::Vmap {
-                key: path.service_key(),
-                map: path.slot_chains_map(i),
-            },
-        ]);
-        // Reached only when the slot is empty for this service: the pin is stale. Deleting it
-        // means the client, pinned anew below, holds exactly one live pin, so a later endpoint
-        // refilling this slot cannot take the client over.
-        rules.push(vec![
-            pinned(i),
-            Stmt::DeleteFromSet {
-                key: path.pin_key(),
-                set: path.slot_set(i),
-            },
-        ]);
-    }
-    rules.push(vec![Stmt::Vmap {
-        key: path.random_key(k),
-        map: path.random_map(k),
-    }]);
-    rules
 }
 
 /// Removes `pick-<k>`, `local-pick-<k>`, `nodeport-pick-<k>` and `nodeport-local-pick-<k>`

@@ -33,6 +33,16 @@ impl<'a> Run<'a> {
                         return Err(self.unsupported(ctx, stmt, "numgen modulus 0"));
                     }
                     KeyField::Numgen { modulus } => Atom::Int(self.numgen(modulus)),
+                    KeyField::CtOrigDaddr => Atom::Addr(self.original_dst),
+                    KeyField::Jhash { input, seed } => {
+                        let values = self.key(ctx, stmt, input.fields())?;
+                        let mut h = std::hash::DefaultHasher::new();
+                        std::hash::Hash::hash(&(values, seed), &mut h);
+                        // The kernel's value is 32 bits, below the modulus.
+                        let h =
+                            std::hash::Hasher::finish(&h) % u64::from(super::super::JHASH_MODULUS);
+                        Atom::Int(u32::try_from(h).unwrap_or(0))
+                    }
                 })
             })
             .collect()
@@ -115,22 +125,23 @@ impl<'a> Run<'a> {
         Some(elem)
     }
 
-    /// Whether a dynamic set holds `key`; records a hit on the rule.
-    pub(super) fn dynamic_lookup(&self, ctx: &mut RuleCtx<'_>, set: &Set, key: &[Atom]) -> bool {
-        let hit = self
-            .dynamic
-            .get(&set.name)
-            .is_some_and(|keys| keys.contains(key));
-        if hit {
-            let note = format!(
-                "@{}: {} (written by an earlier connection)",
-                set.name,
-                render::atoms(key)
-            );
-            ctx.element = Some(note.clone());
-            ctx.notes.push(note);
+    /// The data of `key` in a dynamic set (empty in a set), if it holds the key; records a hit
+    /// on the rule.
+    pub(super) fn dynamic_lookup(
+        &self,
+        ctx: &mut RuleCtx<'_>,
+        set: &Set,
+        key: &[Atom],
+    ) -> Option<Vec<Atom>> {
+        let data = self.dynamic.get(&set.name)?.get(key)?.clone();
+        let mut note = format!("@{}: {}", set.name, render::atoms(key));
+        if !data.is_empty() {
+            note.push_str(&format!(" : {}", render::atoms(&data)));
         }
-        hit
+        note.push_str(" (written by an earlier connection)");
+        ctx.element = Some(note.clone());
+        ctx.notes.push(note);
+        Some(data)
     }
 
     pub(super) fn rule_ref(&self, ctx: &RuleCtx<'_>) -> RuleRef {
@@ -191,7 +202,7 @@ impl<'a> Run<'a> {
                 let set = self.set(ctx, set, key)?;
                 let key = self.key(ctx, stmt, key)?;
                 if set.kind == SetKind::Dynamic {
-                    holds(self.dynamic_lookup(ctx, set, &key))
+                    holds(self.dynamic_lookup(ctx, set, &key).is_some())
                 } else {
                     holds(self.lookup(ctx, set, &key).is_some())
                 }
@@ -304,7 +315,7 @@ impl<'a> Run<'a> {
                 let set = self.set(ctx, set, key)?;
                 let key = self.key(ctx, stmt, key)?;
                 if set.kind == SetKind::Dynamic {
-                    holds(!self.dynamic_lookup(ctx, set, &key))
+                    holds(self.dynamic_lookup(ctx, set, &key).is_none())
                 } else {
                     holds(self.lookup(ctx, set, &key).is_none())
                 }
@@ -312,7 +323,7 @@ impl<'a> Run<'a> {
             // Writes from the packet path: effects on this branch's dynamic sets, without a
             // condition (a full set would still let the rule go on, which nodeproxy's rules do
             // not rely on: the DNAT is in a rule of its own).
-            Stmt::UpdateSet { key, set, .. } | Stmt::DeleteFromSet { key, set } => {
+            Stmt::UpdateSet { key, set, data, .. } | Stmt::DeleteFromSet { key, set, data } => {
                 let declared = self.set(ctx, set, key)?;
                 if declared.kind != SetKind::Dynamic {
                     return Err(self.unsupported(
@@ -321,15 +332,71 @@ impl<'a> Run<'a> {
                         "update or delete of a set that is not dynamic",
                     ));
                 }
+                if declared.data.is_some() != data.is_some() {
+                    return Err(self.unsupported(ctx, stmt, "data that does not fit the set"));
+                }
                 let key = self.key(ctx, stmt, key)?;
+                let data = match data {
+                    Some(field) => self.key(ctx, stmt, &[*field])?,
+                    None => Vec::new(),
+                };
                 let name = declared.name.clone();
                 let note = format!("@{name}: {}", render::atoms(&key));
                 if matches!(stmt, Stmt::UpdateSet { .. }) {
-                    ctx.notes.push(format!("{note} written"));
-                    self.dynamic.entry(name).or_default().insert(key);
-                } else if self.dynamic.get_mut(&name).is_some_and(|s| s.remove(&key)) {
+                    let elements = self.dynamic.entry(name).or_default();
+                    // An update never changes the data of a key that is there
+                    // (`nft_dynset_eval` only refreshes its expiration).
+                    match elements.entry(key) {
+                        std::collections::btree_map::Entry::Occupied(_) => {
+                            ctx.notes.push(format!("{note} refreshed"));
+                        }
+                        std::collections::btree_map::Entry::Vacant(slot) => {
+                            let shown = if data.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" : {}", render::atoms(&data))
+                            };
+                            ctx.notes.push(format!("{note}{shown} written"));
+                            slot.insert(data);
+                        }
+                    }
+                } else if self
+                    .dynamic
+                    .get_mut(&name)
+                    .is_some_and(|s| s.remove(&key).is_some())
+                {
                     ctx.notes.push(format!("{note} deleted"));
                 }
+                Flow::Next
+            }
+            Stmt::DaddrFromMap { key, map } => {
+                let set = self.set(ctx, map, key)?;
+                let key = self.key(ctx, stmt, key)?;
+                let data = if set.kind == SetKind::Dynamic {
+                    self.dynamic_lookup(ctx, set, &key)
+                } else {
+                    match self.lookup(ctx, set, &key).map(|e| &e.data) {
+                        Some(Some(ElemData::Value(v))) => Some(v.clone()),
+                        Some(_) => {
+                            return Err(self.unsupported(ctx, stmt, "map element without data"));
+                        }
+                        None => None,
+                    }
+                };
+                match data.as_deref() {
+                    // A miss ends the rule, like a failed match.
+                    None => Flow::Break,
+                    Some([Atom::Addr(addr)]) if IpFamily::of(addr) == self.family => {
+                        self.pkt.dst = *addr;
+                        Flow::Next
+                    }
+                    Some(_) => {
+                        return Err(self.unsupported(ctx, stmt, "map data other than an address"));
+                    }
+                }
+            }
+            Stmt::DaddrRestore => {
+                self.pkt.dst = self.original_dst;
                 Flow::Next
             }
             Stmt::RandomIs { modulus: 0, .. } => {

@@ -766,6 +766,7 @@ fn an_update_of_a_dynamic_set_goes_on_and_its_set_starts_empty() {
                     key: pin_key,
                     set: "pins".into(),
                     timeout_secs: 2,
+                    data: None,
                 },
                 Stmt::Verdict(Verdict::Accept),
             ],

@@ -138,8 +138,9 @@ pub enum Step {
 }
 
 /// The elements of dynamic sets, by set name (of the packet's family's table): keys written
-/// from the packet path by earlier connections.
-pub type DynamicSets = BTreeMap<String, BTreeSet<Vec<Atom>>>;
+/// from the packet path by earlier connections, each with its data (empty in a set that is not
+/// a map).
+pub type DynamicSets = BTreeMap<String, BTreeMap<Vec<Atom>, Vec<Atom>>>;
 
 /// One possible path of the packet: one per combination of `numgen` values met on the way.
 #[derive(Debug, Clone, PartialEq, Eq)]

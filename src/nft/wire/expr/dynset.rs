@@ -11,6 +11,7 @@ pub(crate) const KIND: Kind = Kind {
 const DYNSET_SET_NAME: u16 = 1;
 const DYNSET_OP: u16 = 3;
 const DYNSET_SREG_KEY: u16 = 4;
+const DYNSET_SREG_DATA: u16 = 5;
 const DYNSET_TIMEOUT: u16 = 6;
 const DYNSET_FLAGS: u16 = 9;
 
@@ -18,15 +19,27 @@ pub(crate) const NFT_DYNSET_OP_UPDATE: u32 = 1;
 /// Kernel 5.4.
 pub(crate) const NFT_DYNSET_OP_DELETE: u32 = 2;
 
-/// `update @set { key timeout <timeout_ms> }`, as the kernel dumps it back.
-pub(crate) fn update(set: &str, timeout_ms: u64) -> WireExpr {
-    as_dumped(set, NFT_DYNSET_OP_UPDATE, timeout_ms)
+/// `update @set { key timeout <timeout_ms> }` (`: data` in `data_reg` for a map), as the kernel
+/// dumps it back.
+pub(crate) fn update(set: &str, timeout_ms: u64, data_reg: Option<u32>) -> WireExpr {
+    with_data(as_dumped(set, NFT_DYNSET_OP_UPDATE, timeout_ms), data_reg)
 }
 
-/// `delete @set { key }`, as the kernel dumps it back.
-pub(crate) fn delete(set: &str) -> WireExpr {
+/// `delete @set { key }` (`: data` in `data_reg` for a map), as the kernel dumps it back.
+pub(crate) fn delete(set: &str, data_reg: Option<u32>) -> WireExpr {
     // The kernel dumps a timeout (0) for every dynset, whatever its operation.
-    as_dumped(set, NFT_DYNSET_OP_DELETE, 0)
+    with_data(as_dumped(set, NFT_DYNSET_OP_DELETE, 0), data_reg)
+}
+
+fn with_data(e: WireExpr, data_reg: Option<u32>) -> WireExpr {
+    match data_reg {
+        None => e,
+        Some(reg) => {
+            let mut attrs = e.attrs;
+            attrs.push((DYNSET_SREG_DATA, be(reg)));
+            WireExpr::new(KIND.name, attrs)
+        }
+    }
 }
 
 /// A dynset as nft 1.0.6 sends it: no NFTA_DYNSET_FLAGS (the capability probe's form).

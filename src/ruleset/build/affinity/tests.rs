@@ -1,15 +1,15 @@
-//! Unit tests of ClientIP-affinity slots: their assignment, their round trip through the
-//! kernel's form of the table, and what the evaluator says a client's connections do.
-use std::net::IpAddr;
+//! Unit tests of ClientIP affinity: the objects it needs whatever the endpoint count, its
+//! elements, and what the evaluator says a client's connections do.
+use std::net::{IpAddr, SocketAddr};
 
 use super::*;
 use crate::config::NodePortAddresses;
 use crate::model::{
-    Conditions, EndpointSlice, IpFamily, Node, Service, ServiceName, ServicePort, SliceEndpoint,
-    SlicePort, TrafficPolicy,
+    Conditions, EndpointSlice, IpFamily, Node, Protocol, Service, ServiceName, ServicePort,
+    SliceEndpoint, SlicePort, TrafficPolicy,
 };
-use crate::nft::{WireTable, lower};
-use crate::ruleset::build::{DetectLocal, Settings, build, build_with};
+use crate::nft::lower;
+use crate::ruleset::build::{DetectLocal, Settings, build};
 use crate::ruleset::eval::{self, DynamicSets, Origin, Packet, Trace};
 use crate::ruleset::{Ruleset, Table};
 
@@ -26,42 +26,6 @@ const B: &str = "198.51.100.11:8080";
 const C: &str = "198.51.100.130:8080";
 /// Sorts before all the others.
 const D: &str = "198.51.100.1:8080";
-
-fn slots(pairs: &[(&str, usize)]) -> BTreeMap<SocketAddr, usize> {
-    pairs.iter().map(|(ep, slot)| (sock(ep), *slot)).collect()
-}
-
-#[test]
-fn without_hints_slots_are_the_positions_in_sorted_order() {
-    assert_eq!(assign_slots(&[sock(A), sock(B), sock(C)], None), [0, 1, 2]);
-}
-
-#[test]
-fn removing_an_endpoint_keeps_the_others_in_their_slots() {
-    let before = slots(&[(A, 0), (B, 1), (C, 2)]);
-    assert_eq!(assign_slots(&[sock(B), sock(C)], Some(&before)), [1, 2]);
-    assert_eq!(assign_slots(&[sock(A), sock(C)], Some(&before)), [0, 2]);
-}
-
-#[test]
-fn new_endpoints_take_the_lowest_free_slots_in_sorted_order() {
-    let before = slots(&[(B, 1), (C, 2)]);
-    assert_eq!(
-        assign_slots(&[sock(D), sock(B), sock(C)], Some(&before)),
-        [0, 1, 2]
-    );
-    let before = slots(&[(A, 0), (C, 2)]);
-    assert_eq!(
-        assign_slots(&[sock(D), sock(A), sock(B), sock(C)], Some(&before)),
-        [1, 0, 3, 2]
-    );
-}
-
-#[test]
-fn a_slot_claimed_twice_goes_to_the_first_endpoint_only() {
-    let before = slots(&[(A, 0), (B, 0)]);
-    assert_eq!(assign_slots(&[sock(A), sock(B)], Some(&before)), [0, 1]);
-}
 
 fn settings() -> Settings {
     Settings {
@@ -140,36 +104,8 @@ fn state(endpoints: &[&str]) -> ClusterState {
     st
 }
 
-fn lowered(rs: &Ruleset) -> Vec<WireTable> {
-    rs.tables.iter().map(|t| lower(t).unwrap()).collect()
-}
-
-/// What the kernel would hand a restarted nodeproxy.
-fn hints_of(rs: &Ruleset) -> Hints {
-    let tables = lowered(rs);
-    crate::sync::affinity_hints(&tables.iter().collect::<Vec<_>>())
-}
-
 fn v4(rs: &Ruleset) -> &Table {
     rs.table(IpFamily::V4).unwrap()
-}
-
-/// The slot of each endpoint of `key`, read from the slot maps of its path.
-fn slots_of(table: &Table, key: &[Atom]) -> BTreeMap<SocketAddr, usize> {
-    let mut out = BTreeMap::new();
-    for set in &table.sets {
-        let Some((_, slot)) = Path::slot_of_map(&set.name) else {
-            continue;
-        };
-        for e in set.elements.iter().filter(|e| e.key == key) {
-            if let Some(ElemData::Value(v)) = &e.data
-                && let [Atom::Addr(a), Atom::Port(p)] = v.as_slice()
-            {
-                out.insert(SocketAddr::new(*a, *p), slot);
-            }
-        }
-    }
-    out
 }
 
 /// The service key `addr . tcp . port`.
@@ -205,78 +141,119 @@ fn cluster_key() -> Vec<Atom> {
     svc("203.0.113.20", 80)
 }
 
-#[test]
-fn slots_survive_the_kernel_form_when_endpoints_go_and_come() {
-    let first = build(&state(&[A, B, C]), &settings());
-    let dense = slots(&[(A, 0), (B, 1), (C, 2)]);
-    assert_eq!(slots_of(v4(&first), &cluster_key()), dense);
-    assert_eq!(slots_of(v4(&first), &np(30080)), dense);
-    assert_eq!(
-        verdict_of(v4(&first), names::SERVICE_IPS, &cluster_key()),
-        "affinity-10800s-pick-3"
-    );
+/// The names of the table's sets and chains, with each `pick-<k>` chain's count dropped.
+fn objects(t: &Table) -> Vec<String> {
+    let mut names: Vec<String> = t.sets.iter().map(|s| s.name.clone()).collect();
+    names.extend(t.chains.iter().map(|c| match c.name.rsplit_once("-pick-") {
+        Some((head, _)) => format!("{head}-pick-k"),
+        None => c.name.clone(),
+    }));
+    names.sort();
+    names
+}
 
-    // A goes: B and C keep their slots, wherever the service is reached.
-    let second = build_with(&state(&[B, C]), &settings(), &hints_of(&first));
-    let sparse = slots(&[(B, 1), (C, 2)]);
-    assert_eq!(slots_of(v4(&second), &cluster_key()), sparse);
-    assert_eq!(slots_of(v4(&second), &np(30080)), sparse);
-    assert_eq!(
-        verdict_of(v4(&second), names::SERVICE_IPS, &cluster_key()),
-        "affinity-pick-2-in-3"
-    );
-    assert_eq!(
-        verdict_of(v4(&second), names::NODEPORT_PICKS, &np(30080)),
-        "affinity-nodeport-pick-2-in-3"
-    );
-    // Without hints the same state is numbered densely, as before slots were kept.
-    assert_eq!(
-        slots_of(v4(&build(&state(&[B, C]), &settings())), &cluster_key()),
-        slots(&[(B, 0), (C, 1)])
-    );
-
-    // D arrives, sorting first: it takes the free slot 0, B and C stay.
-    let third = build_with(&state(&[D, B, C]), &settings(), &hints_of(&second));
-    assert_eq!(
-        slots_of(v4(&third), &cluster_key()),
-        slots(&[(D, 0), (B, 1), (C, 2)])
-    );
-    // No holes any more: the dense chain, with no per-service verdict elements.
-    assert_eq!(
-        verdict_of(v4(&third), names::SERVICE_IPS, &cluster_key()),
-        "affinity-10800s-pick-3"
-    );
-    for set in &v4(&third).sets {
-        if set.name.starts_with("affinity-random-") || set.name.ends_with("-chains") {
-            assert!(set.elements.is_empty(), "{}: {:?}", set.name, set.elements);
-        }
-    }
-    // The IPv6 table keeps its own slots.
-    let v6 = third.table(IpFamily::V6).unwrap();
-    assert_eq!(
-        slots_of(v6, &svc("2001:db8:ffff::20", 80)),
-        slots(&[("[2001:db8:b::10]:8080", 0)])
-    );
+fn endpoints(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("198.51.{}.{}:8080", 100 + i / 250, 1 + i % 250))
+        .collect()
 }
 
 #[test]
-fn the_random_map_points_at_the_present_endpoints_only() {
-    let first = build(&state(&[A, B, C]), &settings());
-    let second = build_with(&state(&[B, C]), &settings(), &hints_of(&first));
-    let random = v4(&second)
-        .set(&names::affinity_random_map(names::AFFINITY, 2))
-        .unwrap();
-    let mut key = cluster_key();
-    let mut targets = Vec::new();
-    for index in 0..2 {
-        key.push(Atom::Int(index));
-        targets.push(verdict_of(v4(&second), &random.name, &key));
-        key.pop();
-    }
-    assert_eq!(
-        targets,
-        ["affinity-10800s-slot-1", "affinity-10800s-slot-2"]
+fn the_objects_do_not_depend_on_the_endpoint_count() {
+    let few = endpoints(3);
+    let many = endpoints(2000);
+    let few = build(
+        &state(&few.iter().map(String::as_str).collect::<Vec<_>>()),
+        &settings(),
     );
+    let many = build(
+        &state(&many.iter().map(String::as_str).collect::<Vec<_>>()),
+        &settings(),
+    );
+    for (a, b) in few.tables.iter().zip(&many.tables) {
+        assert_eq!(objects(a), objects(b), "{:?}", a.family);
+        for (ca, cb) in a.chains.iter().zip(&b.chains) {
+            assert_eq!(ca.rules.len(), cb.rules.len(), "{}", ca.name);
+        }
+        // Everything lowers (the keys fit their maps, the statements their registers).
+        lower(a).unwrap();
+        lower(b).unwrap();
+    }
+    let t = v4(&many);
+    assert_eq!(
+        verdict_of(t, names::SERVICE_IPS, &cluster_key()),
+        "affinity-pick-2000-pin-10800s"
+    );
+    // One element per endpoint in each of the path's two maps.
+    for map in ["affinity-endpoints", "affinity-pick"] {
+        assert_eq!(t.set(map).unwrap().elements.len(), 2000, "{map}");
+    }
+}
+
+#[test]
+fn each_endpoint_is_in_the_endpoints_and_pick_maps_of_its_paths() {
+    let rs = build(&state(&[A, B, C]), &settings());
+    let t = v4(&rs);
+    let elements = |map: &str| -> Vec<(Vec<Atom>, Option<ElemData>)> {
+        t.set(map)
+            .unwrap()
+            .elements
+            .iter()
+            .map(|e| (e.key.clone(), e.data.clone()))
+            .collect()
+    };
+    let with = |key: &[Atom], more: Atom| {
+        let mut key = key.to_vec();
+        key.push(more);
+        key
+    };
+    for (prefix, key) in [
+        ("affinity-", cluster_key()),
+        ("affinity-nodeport-", np(30080)),
+    ] {
+        let mut want: Vec<_> = [A, B, C]
+            .iter()
+            .map(|ep| {
+                let ep = sock(ep);
+                (
+                    with(&key, Atom::Addr(ep.ip())),
+                    Some(ElemData::Value(vec![
+                        Atom::Addr(ep.ip()),
+                        Atom::Port(ep.port()),
+                    ])),
+                )
+            })
+            .collect();
+        want.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(elements(&format!("{prefix}endpoints")), want, "{prefix}");
+        // Indices in sorted endpoint order.
+        let picks: Vec<_> = [A, B, C]
+            .iter()
+            .enumerate()
+            .map(|(i, ep)| {
+                (
+                    with(&key, Atom::Int(u32::try_from(i).unwrap())),
+                    Some(ElemData::Value(vec![Atom::Addr(sock(ep).ip())])),
+                )
+            })
+            .collect();
+        assert_eq!(elements(&format!("{prefix}pick")), picks, "{prefix}");
+        assert!(t.set(&format!("{prefix}pins")).unwrap().elements.is_empty());
+    }
+    // The endpoints moved: no `pick-3` objects are left.
+    assert!(!t.sets.iter().any(|s| s.name.starts_with("pick-")));
+    assert!(!t.chains.iter().any(|c| c.name.starts_with("pick-")));
+}
+
+#[test]
+fn two_endpoints_at_one_address_are_one_endpoint() {
+    let rs = build(&state(&[A, "198.51.100.10:9090", B]), &settings());
+    let t = v4(&rs);
+    assert_eq!(
+        verdict_of(t, names::SERVICE_IPS, &cluster_key()),
+        "affinity-pick-2-pin-10800s"
+    );
+    assert_eq!(t.set("affinity-endpoints").unwrap().elements.len(), 2);
 }
 
 fn connect(rs: &Ruleset, dst: &str, pins: &DynamicSets) -> Trace {
@@ -285,12 +262,17 @@ fn connect(rs: &Ruleset, dst: &str, pins: &DynamicSets) -> Trace {
 
 /// A connection from an outside client to `dst` on a node with the local addresses `node`.
 fn connect_on(rs: &Ruleset, node: &[IpAddr], dst: &str, pins: &DynamicSets) -> Trace {
+    connect_from(rs, node, "192.0.2.200", dst, pins)
+}
+
+/// A connection from outside client `src` to `dst` on a node with the local addresses `node`.
+fn connect_from(rs: &Ruleset, node: &[IpAddr], src: &str, dst: &str, pins: &DynamicSets) -> Trace {
     let dst = sock(dst);
     eval::evaluate_with(
         rs,
         node,
         Packet {
-            src: ip("192.0.2.200"),
+            src: ip(src),
             dst: dst.ip(),
             proto: Protocol::Tcp,
             dport: dst.port(),
@@ -311,11 +293,10 @@ fn pins_after(t: &Trace, target: &str) -> DynamicSets {
 }
 
 #[test]
-fn a_new_client_is_spread_uniformly_over_the_present_endpoints() {
-    let first = build(&state(&[A, B, C]), &settings());
-    let second = build_with(&state(&[B, C]), &settings(), &hints_of(&first));
+fn a_new_client_is_spread_uniformly_over_the_endpoints() {
+    let rs = build(&state(&[B, C]), &settings());
     for dst in ["203.0.113.20:80", "192.0.2.11:30080"] {
-        let t = connect(&second, dst, &DynamicSets::new());
+        let t = connect(&rs, dst, &DynamicSets::new());
         // One branch per value of `numgen random mod 2`, each to another endpoint.
         let targets: Vec<SocketAddr> = t
             .branches
@@ -328,88 +309,67 @@ fn a_new_client_is_spread_uniformly_over_the_present_endpoints() {
 }
 
 #[test]
-fn a_pinned_client_stays_on_its_endpoint_and_a_stale_pin_is_dropped() {
+fn a_pinned_client_stays_on_its_endpoint_and_a_stale_pin_is_replaced() {
     let first = build(&state(&[A, B, C]), &settings());
-    let second = build_with(&state(&[B, C]), &settings(), &hints_of(&first));
-    let third = build_with(&state(&[D, B, C]), &settings(), &hints_of(&second));
+    let second = build(&state(&[B, C]), &settings());
+    let third = build(&state(&[D, B, C]), &settings());
     let dst = "203.0.113.20:80";
     let none = DynamicSets::new();
 
-    // Pinned to B: B after A went, B after D came.
+    // Pinned to B: B after A went (the pick map renumbered), B after D came.
     let on_b = pins_after(&connect(&first, dst, &none), B);
-    assert_eq!(connect(&first, dst, &on_b).dnat_targets(), [sock(B)]);
-    assert_eq!(connect(&second, dst, &on_b).dnat_targets(), [sock(B)]);
-    assert_eq!(connect(&third, dst, &on_b).dnat_targets(), [sock(B)]);
+    assert_eq!(
+        on_b.get("affinity-pins")
+            .map(|p| p.values().cloned().collect::<Vec<_>>()),
+        Some(vec![vec![Atom::Addr(sock(B).ip())]])
+    );
+    for rs in [&first, &second, &third] {
+        let t = connect(rs, dst, &on_b);
+        assert_eq!(t.dnat_targets(), [sock(B)]);
+        // The pin is refreshed, not rewritten.
+        assert_eq!(t.branches[0].dynamic, on_b);
+    }
 
-    // Pinned to A, which goes: picked anew among B and C, and the stale pin is gone, so when
-    // D refills A's slot the client stays where it was picked anew.
+    // Pinned to A, which goes: picked anew among B and C, and the pin now holds the new
+    // endpoint, where the client then stays.
     let on_a = pins_after(&connect(&first, dst, &none), A);
     let again = connect(&second, dst, &on_a);
     assert_eq!(again.dnat_targets(), [sock(B), sock(C)]);
     for branch in &again.branches {
         let target = branch.dnat.as_ref().unwrap().target;
-        let slot0 = branch
-            .dynamic
-            .get(&names::affinity_slot_set(names::AFFINITY, 0));
-        assert!(
-            slot0.is_none_or(|pins| pins.is_empty()),
-            "the stale pin of A survived: {slot0:?}"
-        );
+        let pins: Vec<_> = branch.dynamic["affinity-pins"].values().cloned().collect();
+        assert_eq!(pins, [vec![Atom::Addr(target.ip())]]);
         assert_eq!(
             connect(&third, dst, &branch.dynamic).dnat_targets(),
             [target]
         );
     }
-    // A client that did not connect while A's slot was empty follows the pin to D, which
-    // refilled it (see the module documentation).
-    assert_eq!(connect(&third, dst, &on_a).dnat_targets(), [sock(D)]);
+    // A pin to an address the service no longer has never follows another endpoint.
+    assert_eq!(
+        connect(&third, dst, &on_a).dnat_targets(),
+        [sock(D), sock(B), sock(C)]
+    );
 }
 
 #[test]
-fn hints_are_read_for_the_services_asked_for() {
-    let rs = build(&state(&[A, B]), &settings());
-    let tables = lowered(&rs);
-    let tables: Vec<&WireTable> = tables.iter().collect();
-    let web = ServiceName {
-        namespace: "shop".into(),
-        name: "web".into(),
-    };
-    let other = ServiceName {
-        namespace: "shop".into(),
-        name: "other".into(),
-    };
-    let all = crate::sync::affinity_hints(&tables);
-    let key = |addr: &str, port| ServiceKey {
-        addr: Some(ip(addr)),
-        proto: Protocol::Tcp,
-        port,
-        local: false,
-    };
-    assert_eq!(
-        all.slots(&key("203.0.113.20", 80)),
-        Some(&slots(&[(A, 0), (B, 1)]))
+fn ipv6_clients_are_pinned_by_a_hash_of_client_and_service() {
+    let v6 = "[2001:db8:b::11]:8080";
+    let rs = build(&state(&[A, v6]), &settings());
+    let dst = "[2001:db8:ffff::20]:80";
+    let client =
+        |src: &str, pins: &DynamicSets| connect_from(&rs, &[ip("2001:db8:a::11")], src, dst, pins);
+    let t = client("2001:db8:c::1", &DynamicSets::new());
+    assert_eq!(t.dnat_targets(), [sock("[2001:db8:b::10]:8080"), sock(v6)]);
+    let pinned = pins_after(&t, v6);
+    let pins = &pinned["affinity-pins"];
+    assert_eq!(pins.len(), 1);
+    assert!(
+        pins.keys()
+            .all(|k| matches!(k.as_slice(), [Atom::Int(_), Atom::Int(_)]))
     );
-    assert_eq!(
-        all.slots(&key("2001:db8:ffff::20", 80)),
-        Some(&slots(&[("[2001:db8:b::10]:8080", 0)]))
-    );
-    // The NodePort's key names no address, so both families' slots are under it: each family
-    // looks up its own endpoints.
-    let node_port = ServiceKey {
-        addr: None,
-        proto: Protocol::Tcp,
-        port: 30080,
-        local: false,
-    };
-    assert_eq!(
-        all.slots(&node_port),
-        Some(&slots(&[(A, 0), (B, 1), ("[2001:db8:b::10]:8080", 0)]))
-    );
-    assert_eq!(
-        crate::sync::affinity_hints_for(&tables, &BTreeSet::from([web])),
-        all
-    );
-    assert!(crate::sync::affinity_hints_for(&tables, &BTreeSet::from([other])).is_empty());
+    assert_eq!(client("2001:db8:c::1", &pinned).dnat_targets(), [sock(v6)]);
+    // Another client's key is another hash: not pinned.
+    assert_eq!(client("2001:db8:c::2", &pinned).dnat_targets().len(), 2);
 }
 
 #[test]
@@ -423,7 +383,7 @@ fn with_every_address_answering_node_ports_a_client_is_pinned_whichever_address_
     let first = build(&state(&[A, B, C]), &all);
     assert_eq!(
         verdict_of(v4(&first), names::NODEPORT_PICKS, &np(30080)),
-        "affinity-nodeport-10800s-pick-3"
+        "affinity-nodeport-pick-3-pin-10800s"
     );
     // 192.0.2.99 is on an interface but not in the Node object: only `all` answers there.
     let node = [ip("192.0.2.11"), ip("192.0.2.99")];
@@ -444,10 +404,8 @@ fn with_every_address_answering_node_ports_a_client_is_pinned_whichever_address_
         connect_on(&first, &node, "203.0.113.20:80", &on_b).dnat_targets(),
         [sock(A), sock(B), sock(C)]
     );
-    // A goes: B keeps its slot through the kernel's form of the table, and the client its
-    // endpoint; a client pinned to A is picked anew among B and C.
-    let second = build_with(&state(&[B, C]), &all, &hints_of(&first));
-    assert_eq!(slots_of(v4(&second), &np(30080)), slots(&[(B, 1), (C, 2)]));
+    // A goes: the client keeps B; a client pinned to A is picked anew among B and C.
+    let second = build(&state(&[B, C]), &all);
     assert_eq!(
         connect_on(&second, &node, "192.0.2.11:30080", &on_b).dnat_targets(),
         [sock(B)]
@@ -483,48 +441,51 @@ fn local_state(endpoints: &[&str], remote: &str) -> ClusterState {
     st
 }
 
-/// The slot of each endpoint of `key` in the slot maps of the path named by `prefix` only.
-fn slots_in(table: &Table, prefix: &str, key: &[Atom]) -> BTreeMap<SocketAddr, usize> {
-    let mut out = BTreeMap::new();
-    for set in &table.sets {
-        let Some(slot) = names::affinity_slot_of_map(prefix, &set.name) else {
-            continue;
-        };
-        for e in set.elements.iter().filter(|e| e.key == key) {
-            if let Some(ElemData::Value(v)) = &e.data
-                && let [Atom::Addr(a), Atom::Port(p)] = v.as_slice()
-            {
-                out.insert(SocketAddr::new(*a, *p), slot);
-            }
-        }
-    }
-    out
+/// The endpoints in the `endpoints` map of the path named by `prefix`, under `key`.
+fn endpoints_in(table: &Table, prefix: &str, key: &[Atom]) -> Vec<SocketAddr> {
+    table
+        .set(&format!("{prefix}endpoints"))
+        .unwrap()
+        .elements
+        .iter()
+        .filter(|e| e.key.starts_with(key) && e.key.len() == key.len() + 1)
+        .filter_map(|e| match &e.data {
+            Some(ElemData::Value(v)) => match v.as_slice() {
+                [Atom::Addr(a), Atom::Port(p)] => Some(SocketAddr::new(*a, *p)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
 }
 
 #[test]
-fn local_policy_lists_have_their_own_slots_kept_across_changes() {
+fn local_policy_lists_have_their_own_maps() {
     let lb = svc(LB, 80);
     let first = build(&local_state(&[A, B, D], C), &settings());
     let t = v4(&first);
-    // Outside traffic: the local endpoints in slots of their own, sorted (D, A, B).
-    let local = slots(&[(D, 0), (A, 1), (B, 2)]);
-    assert_eq!(slots_in(t, names::AFFINITY_LOCAL, &lb), local);
+    // Outside traffic: the local endpoints.
+    let local = vec![sock(D), sock(A), sock(B)];
+    assert_eq!(endpoints_in(t, names::AFFINITY_LOCAL, &lb), local);
     assert_eq!(
-        slots_in(t, names::AFFINITY_NODEPORT_LOCAL, &np(30080)),
+        endpoints_in(t, names::AFFINITY_NODEPORT_LOCAL, &np(30080)),
         local
     );
     assert_eq!(
         verdict_of(t, names::EXTERNAL_LOCAL_PICKS, &lb),
-        "affinity-local-10800s-pick-3"
+        "affinity-local-pick-3-pin-10800s"
     );
     assert_eq!(
         verdict_of(t, names::NODEPORT_LOCAL_PICKS, &np(30080)),
-        "affinity-nodeport-local-10800s-pick-3"
+        "affinity-nodeport-local-pick-3-pin-10800s"
     );
     // Pods and the node itself still use the cluster-wide list, C included.
-    let cluster = slots(&[(D, 0), (A, 1), (B, 2), (C, 3)]);
-    assert_eq!(slots_in(t, names::AFFINITY, &lb), cluster);
-    assert_eq!(slots_in(t, names::AFFINITY_NODEPORT, &np(30080)), cluster);
+    let cluster = vec![sock(D), sock(A), sock(B), sock(C)];
+    assert_eq!(endpoints_in(t, names::AFFINITY, &lb), cluster);
+    assert_eq!(
+        endpoints_in(t, names::AFFINITY_NODEPORT, &np(30080)),
+        cluster
+    );
     // No Local-policy pick chain or map is left unused.
     assert!(!t.sets.iter().any(|s| s.name.contains("local-pick-")));
     assert!(
@@ -532,39 +493,12 @@ fn local_policy_lists_have_their_own_slots_kept_across_changes() {
             |c| c.name.starts_with("local-pick-") || c.name.starts_with("nodeport-local-pick-")
         )
     );
-
-    // The hints keep the two lists apart.
-    let hints = hints_of(&first);
-    let key = |local| ServiceKey {
-        addr: Some(ip(LB)),
-        proto: Protocol::Tcp,
-        port: 80,
-        local,
-    };
-    assert_eq!(hints.slots(&key(true)), Some(&local));
-    assert_eq!(hints.slots(&key(false)), Some(&cluster));
-
-    // D goes: A and B keep their local slots, on the sparse chain.
-    let second = build_with(&local_state(&[A, B], C), &settings(), &hints);
-    let t = v4(&second);
-    assert_eq!(
-        slots_in(t, names::AFFINITY_LOCAL, &lb),
-        slots(&[(A, 1), (B, 2)])
-    );
-    assert_eq!(
-        verdict_of(t, names::EXTERNAL_LOCAL_PICKS, &lb),
-        "affinity-local-pick-2-in-3"
-    );
-    assert_eq!(
-        verdict_of(t, names::NODEPORT_LOCAL_PICKS, &np(30080)),
-        "affinity-nodeport-local-pick-2-in-3"
-    );
 }
 
 #[test]
 fn an_outside_client_of_a_local_policy_service_stays_on_its_local_endpoint() {
     let first = build(&local_state(&[A, B, D], C), &settings());
-    let second = build_with(&local_state(&[A, B], C), &settings(), &hints_of(&first));
+    let second = build(&local_state(&[A, B], C), &settings());
     let none = DynamicSets::new();
     for dst in ["203.0.113.120:80", "192.0.2.11:30080"] {
         // A new outside client: any local endpoint, never C, and its address is kept.
@@ -576,7 +510,7 @@ fn an_outside_client_of_a_local_policy_service_stays_on_its_local_endpoint() {
             let again = connect(&first, dst, &pinned);
             assert_eq!(again.dnat_targets(), [sock(target)], "{dst}");
             assert_eq!(again.masqueraded(), Some(false), "{dst}");
-            // The pin is in the Local-policy sets only.
+            // The pin is in the Local-policy pins only.
             assert!(
                 pinned
                     .iter()
