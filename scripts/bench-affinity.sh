@@ -4,9 +4,11 @@
 # 10th a LoadBalancer IP with two source ranges. Reports nodeproxy --once kernel time for a cold
 # load and for adding one affinity service, with and without the features; with them, also for
 # replacing the first endpoint of an affinity service (its slot is refilled at once) and for
-# removing the first endpoint of two affinity services (their slots get holes) and adding it back.
-# Usage: sudo scripts/bench-affinity.sh [nodeproxy args, e.g. --nodeport-addresses all]
-# (root: network namespaces; python3). Builds into $CARGO_TARGET_DIR when set.
+# removing the first endpoint of two affinity services and adding it back. Then one Service with
+# 20,000 endpoints (issue 12: its affinity must cost what it costs without): cold load and adding
+# one endpoint, with and without affinity.
+# Usage: scripts/bench-affinity.sh [nodeproxy args, e.g. --nodeport-addresses all]
+# (as root: network namespaces; python3). Builds into $CARGO_TARGET_DIR when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin nodeproxy --example gen_cluster
@@ -73,3 +75,23 @@ minus=$(once "$work/feat-minus.json")
 back=$(once "$work/feat.json")
 ip netns del "$ns"
 echo "| feat | replace an affinity service's first endpoint: $change | remove the first endpoint of two: $minus | add them back: $back |"
+
+# One Service, 20,000 endpoints (and 20,001: one added), without and with affinity.
+"$gen" 1 20000 >"$work/big.json"
+"$gen" 1 20001 >"$work/big-add.json"
+python3 - "$work" <<'PY'
+import json, sys
+for name in ("big", "big-add"):
+    doc = json.load(open(f"{sys.argv[1]}/{name}.json"))
+    for item in doc["items"]:
+        if item.get("kind") == "Service":
+            item["spec"]["sessionAffinity"] = "ClientIP"
+    json.dump(doc, open(f"{sys.argv[1]}/{name}-aff.json", "w"))
+PY
+for variant in big big-aff; do
+    ip netns add "$ns"
+    cold=$(once "$work/$variant.json")
+    add=$(once "$work/${variant/big/big-add}.json")
+    ip netns del "$ns"
+    echo "| $variant (1 service, 20000 endpoints) | cold: $cold | add one endpoint: $add |"
+done
