@@ -380,7 +380,7 @@ impl<K: Kernel> Syncer<K> {
             let family = table.family;
             let name = table.name.clone();
             let t = Instant::now();
-            let want = nft::lower_owned(table)?;
+            let mut want = nft::lower_owned(table)?;
             rep.lower += t.elapsed();
             // Drift is a difference from what this process itself applied and still trusts; a
             // difference found on start-up or after a failure is not someone else's doing.
@@ -400,6 +400,8 @@ impl<K: Kernel> Syncer<K> {
                     have
                 }
             };
+            // The sizes follow what the kernel holds (hysteresis): see `nft::size_sets`.
+            nft::size_sets(&mut want, have.as_ref());
             let t = Instant::now();
             // Someone else's change is a difference between the kernel and what we last
             // applied, not one from what we want now: a verification that falls due while

@@ -1,7 +1,8 @@
 //! An in-memory kernel for unit tests, with the nftables semantics the diff relies on:
 //! ENOENT for missing objects, EEXIST for exclusive adds and clashing elements, EBUSY for objects still referenced
-//! (element references count as of the start of the transaction, as on kernels before 6.2), and
-//! all-or-nothing transactions that report every failing operation.
+//! (element references count as of the start of the transaction, as on kernels before 6.2),
+//! ENFILE for an element past a set's size, and all-or-nothing transactions that report every
+//! failing operation.
 
 use std::collections::BTreeMap;
 
@@ -20,7 +21,7 @@ pub struct FakeKernel {
     generation: u32,
 }
 
-use super::ReplyKind::{self, Busy, Exists, Invalid, NotFound};
+use super::ReplyKind::{Busy, Exists, Invalid, NotFound};
 
 /// Whether the kernel accepts changing an existing table's flags from `cur` to `want`, written
 /// after `nf_tables_updtable` (kernel 6.9+, with the fix that lets an owner resend its flags):
@@ -81,7 +82,7 @@ impl FakeKernel {
                     op: op.kind(),
                     object,
                     origin: None,
-                    errno: errno.errno(),
+                    errno,
                     ext_ack: None,
                     ext_ack_offset: None,
                     phase,
@@ -96,7 +97,8 @@ impl FakeKernel {
     }
 }
 
-type OpErr = (ReplyKind, String);
+/// The errno the kernel answers with, and the object it refused.
+type OpErr = (std::io::Error, String);
 
 fn apply_op(
     tables: &mut BTreeMap<(IpFamily, String), WireTable>,
@@ -114,25 +116,25 @@ fn apply_op(
         });
         // NEWTABLE on an existing table is an update of its flags.
         if !kernel_accepts_table_update(t.flags, *flags) {
-            return Err((Invalid, desc.to_owned())); // the kernel's EOPNOTSUPP
+            return Err((Invalid.errno(), desc.to_owned())); // the kernel's EOPNOTSUPP
         }
         t.flags = *flags;
         return Ok(());
     }
     let Some(t) = tables.get_mut(key) else {
-        return Err((NotFound, desc.to_owned()));
+        return Err((NotFound.errno(), desc.to_owned()));
     };
     match op {
         Op::AddTable { .. } => {}
         Op::UpdateTable { flags } => {
             if !kernel_accepts_table_update(t.flags, *flags) {
-                return Err((Invalid, desc.to_owned())); // the kernel's EOPNOTSUPP
+                return Err((Invalid.errno(), desc.to_owned())); // the kernel's EOPNOTSUPP
             }
             t.flags = *flags;
         }
         Op::AddChain { name, chain } => {
             if t.chains.contains_key(*name) {
-                return Err((Exists, format!("chain {name} of {desc}")));
+                return Err((Exists.errno(), format!("chain {name} of {desc}")));
             }
             let mut c = (*chain).clone();
             c.rules.clear();
@@ -140,7 +142,7 @@ fn apply_op(
         }
         Op::DelChain { name } => {
             if !t.chains.contains_key(*name) {
-                return Err((NotFound, format!("chain {name} of {desc}")));
+                return Err((NotFound.errno(), format!("chain {name} of {desc}")));
             }
             let by_rule = t
                 .chains
@@ -157,35 +159,35 @@ fn apply_op(
                 })
             };
             if by_rule || elem_ref(t) || before.is_some_and(elem_ref) {
-                return Err((Busy, format!("chain {name} of {desc}")));
+                return Err((Busy.errno(), format!("chain {name} of {desc}")));
             }
             t.chains.remove(*name);
             t.chain_order.retain(|n| n != name);
         }
         Op::FlushChain { name } => match t.chains.get_mut(*name) {
             Some(c) => c.rules.clear(),
-            None => return Err((NotFound, format!("chain {name} of {desc}"))),
+            None => return Err((NotFound.errno(), format!("chain {name} of {desc}"))),
         },
         Op::AddRule { chain, index, rule } => {
             let object = format!("rule {} of chain {chain} of {desc}", index + 1);
             for s in rule.set_refs() {
                 if !t.sets.contains_key(&s) {
-                    return Err((NotFound, object));
+                    return Err((NotFound.errno(), object));
                 }
             }
             for c in rule.chain_refs() {
                 if !t.chains.contains_key(&c) {
-                    return Err((NotFound, object));
+                    return Err((NotFound.errno(), object));
                 }
             }
             match t.chains.get_mut(*chain) {
                 Some(c) => c.rules.push((*rule).clone()),
-                None => return Err((NotFound, object)),
+                None => return Err((NotFound.errno(), object)),
             }
         }
         Op::AddSet { name, set } => {
             if t.sets.contains_key(*name) {
-                return Err((Exists, set.describe(name, desc)));
+                return Err((Exists.errno(), set.describe(name, desc)));
             }
             let mut s = (*set).clone();
             s.elements.clear();
@@ -193,13 +195,13 @@ fn apply_op(
         }
         Op::DelSet { name } => {
             if !t.sets.contains_key(*name) {
-                return Err((NotFound, format!("set {name} of {desc}")));
+                return Err((NotFound.errno(), format!("set {name} of {desc}")));
             }
             if t.chains
                 .values()
                 .any(|c| c.rules.iter().any(|r| r.set_refs().any(|s| s == *name)))
             {
-                return Err((Busy, format!("set {name} of {desc}")));
+                return Err((Busy.errno(), format!("set {name} of {desc}")));
             }
             t.sets.remove(*name);
             t.set_order.retain(|n| n != name);
@@ -207,37 +209,44 @@ fn apply_op(
         Op::AddElems { set, elems, .. } => {
             let chains: Vec<String> = t.chains.keys().cloned().collect();
             let Some(s) = t.sets.get_mut(*set) else {
-                return Err((NotFound, format!("set {set} of {desc}")));
+                return Err((NotFound.errno(), format!("set {set} of {desc}")));
             };
             for (k, e) in elems {
                 let object = format!("element {} in {}", s.format_key(k), s.describe(set, desc));
                 if k.len() != s.key_len as usize {
-                    return Err((Invalid, object));
+                    return Err((Invalid.errno(), object));
                 }
                 // Adds are not exclusive (see netlink.rs): like the kernel, an element that
                 // exists with the same data is left as it is; different data is a clash.
                 if let Some(existing) = s.elements.get(*k) {
                     if existing.data != e.data {
-                        return Err((Exists, object));
+                        return Err((Exists.errno(), object));
                     }
                     continue;
                 }
                 if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
                     && !chains.iter().any(|x| x == c)
                 {
-                    return Err((NotFound, object));
+                    return Err((NotFound.errno(), object));
+                }
+                // A size is the set's maximum: `nft_add_set_elem` counts a new element against
+                // the size plus the elements this transaction deleted (`ndeact`), so a delete
+                // and an add in one transaction fit in a full set; the fake deletes at once,
+                // which counts the same.
+                if s.size.is_some_and(|max| s.elements.len() >= max as usize) {
+                    return Err((std::io::Error::from_raw_os_error(nix::libc::ENFILE), object));
                 }
                 s.elements.insert((*k).into(), (*e).clone());
             }
         }
         Op::DelElems { set, elems, .. } => {
             let Some(s) = t.sets.get_mut(*set) else {
-                return Err((NotFound, format!("set {set} of {desc}")));
+                return Err((NotFound.errno(), format!("set {set} of {desc}")));
             };
             for (k, _) in elems {
                 if s.elements.remove(*k).is_none() {
                     return Err((
-                        NotFound,
+                        NotFound.errno(),
                         format!("element {} in {}", s.format_key(k), s.describe(set, desc)),
                     ));
                 }

@@ -27,7 +27,7 @@ pub use fake::FakeKernel;
 pub use netlink::NetlinkKernel;
 pub use wire::{
     WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable, kind_names,
-    lower, lower_owned,
+    lower, lower_owned, size_sets,
 };
 
 use crate::model::{IpFamily, ServicePortName};
@@ -337,11 +337,12 @@ fn apply_tables(
     for table in desired.tables {
         let (family, name) = (table.family, table.name.clone());
         let t = Instant::now();
-        let want = lower_owned(table)?;
+        let mut want = lower_owned(table)?;
         rep.lower += t.elapsed();
         let t = Instant::now();
         let current = kernel.read_table(family, &name)?;
         rep.read += t.elapsed();
+        size_sets(&mut want, current.as_ref());
         apply_diff(kernel, current.as_ref(), &want, rep)?;
     }
     Ok(())

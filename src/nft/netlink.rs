@@ -327,6 +327,7 @@ impl NetlinkKernel {
                 data_len: None,
                 userdata: Vec::new(),
                 concat: Vec::new(),
+                size: None,
                 elements: BTreeMap::new(),
             };
             for (ty, p, _) in Attrs::new(&s) {
@@ -339,7 +340,7 @@ impl NetlinkKernel {
                     SET_DATA_TYPE => set.data_type = be_u32(p),
                     SET_DATA_LEN => set.data_len = be_u32(p),
                     SET_USERDATA => set.userdata = p.to_vec(),
-                    SET_DESC => set.concat = parse_desc_concat(p),
+                    SET_DESC => (set.size, set.concat) = parse_desc(p),
                     _ => {}
                 }
             }

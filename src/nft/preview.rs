@@ -383,8 +383,15 @@ fn describe_plan(have: Option<&WireTable>, plan: &Plan<'_>) -> Vec<Change> {
                         new.elements.iter().map(|(k, e)| (&k[..], e)).collect(),
                     ),
                 };
+                let size = |s: Option<u32>| s.map_or_else(|| "none".to_owned(), |n| n.to_string());
+                let why = match old {
+                    Some(old) if old.same_definition_but_size(new) => {
+                        format!("its size changed: {} -> {}", size(old.size), size(new.size))
+                    }
+                    _ => "its definition changed".to_owned(),
+                };
                 let text = format!(
-                    "{} {table} {name}: recreated (its definition changed), {} element(s)",
+                    "{} {table} {name}: recreated ({why}), {} element(s)",
                     kind(new),
                     new.elements.len()
                 );

@@ -673,6 +673,7 @@ fn dynset_probe(family: IpFamily, p: &str, chain: &str, op: u32) -> Result<WireT
             data_len: None,
             userdata: Vec::new(),
             concat: Vec::new(),
+            size: None,
             elements: Default::default(),
         },
     );

@@ -53,6 +53,7 @@ pub const SET_DATA_TYPE: u16 = 6;
 pub const SET_DATA_LEN: u16 = 7;
 pub const SET_USERDATA: u16 = 13;
 pub const SET_DESC: u16 = 9;
+pub const SET_DESC_SIZE: u16 = 1;
 pub const SET_DESC_CONCAT: u16 = 2;
 pub const SET_FIELD_LEN: u16 = 1;
 pub const SET_ID: u16 = 10;

@@ -193,12 +193,20 @@ pub struct WireSet {
     pub userdata: Vec<u8>,
     /// Field lengths of a concatenation of ranges (`NFTA_SET_DESC_CONCAT`); empty otherwise.
     pub concat: Vec<u32>,
+    /// The declared size (`NFTA_SET_DESC_SIZE`), which is also the kernel's maximum number of
+    /// elements; `None` for none. See [`size_sets`].
+    pub size: Option<u32>,
     pub elements: BTreeMap<Box<[u8]>, WireElem>,
 }
 
 impl WireSet {
     /// Same set definition (everything but the elements)?
     pub fn same_definition(&self, o: &WireSet) -> bool {
+        self.same_definition_but_size(o) && self.size == o.size
+    }
+
+    /// Same definition, whatever the sizes?
+    pub fn same_definition_but_size(&self, o: &WireSet) -> bool {
         self.flags == o.flags
             && self.key_type == o.key_type
             && self.key_len == o.key_len
@@ -206,6 +214,11 @@ impl WireSet {
             && self.data_len == o.data_len
             && self.userdata == o.userdata
             && self.concat == o.concat
+    }
+
+    /// A hash set of exact keys written by us: the only kind whose size follows its elements.
+    pub fn is_plain_hash(&self) -> bool {
+        self.flags & (SET_F_INTERVAL | SET_F_EVAL | SET_F_TIMEOUT) == 0
     }
 
     /// A dynamic set: the packet path owns its elements, so they are never compared or written.
@@ -290,6 +303,7 @@ mod atoms;
 mod data;
 pub(crate) mod expr;
 mod lower;
+mod size;
 
 use atoms::*;
 pub(crate) use atoms::{addr_offset, concat_type};
@@ -298,3 +312,4 @@ use data::*;
 pub use data::{encode_data, parse_data};
 pub use expr::kind_names;
 pub use lower::{lower, lower_owned};
+pub use size::size_sets;

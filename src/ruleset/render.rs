@@ -65,14 +65,18 @@ fn render_set(family: IpFamily, set: &Set) -> String {
     let kind = if set.data.is_some() { "map" } else { "set" };
     let _ = writeln!(out, "\t{kind} {} {{", set.name);
     let _ = writeln!(out, "\t\t{}", set_type(family, set));
+    // Where nft 1.0.6 lists it: after the type, before the flags. A hash set's is the one a
+    // fresh kernel gets; on a kernel holding the set already, nodeproxy may keep an older one
+    // (hysteresis, see `hash_set_size`).
+    if let Some(size) = set.fresh_size() {
+        let _ = writeln!(out, "\t\tsize {size}");
+    }
     match set.kind {
         SetKind::Hash => {}
         SetKind::Interval => {
             let _ = writeln!(out, "\t\tflags interval");
         }
         SetKind::Dynamic => {
-            // The kernel gives a dynamic set without a size nft's default of 65535 entries.
-            let _ = writeln!(out, "\t\tsize {DYNAMIC_SET_SIZE}");
             let _ = writeln!(out, "\t\tflags dynamic,timeout");
         }
     }
@@ -97,9 +101,6 @@ fn render_set(family: IpFamily, set: &Set) -> String {
     out.push_str("\t}\n");
     out
 }
-
-/// The size the kernel reports for a dynamic set created without one (nft 1.0.6 lists it).
-pub const DYNAMIC_SET_SIZE: u32 = 65535;
 
 /// How many elements nft 1.0.6 prints on one line (`calculate_delim` in nft's expression.c):
 /// two IPv4 addresses, five small scalars, otherwise one (IPv6 addresses, concatenations).

@@ -13,7 +13,9 @@
 //!   Service claims a key that another Service holds;
 //! - the rebuilt Services need a chain or set that the table does not hold yet (a new endpoint
 //!   count `k` needs its `pick-<k>` objects), or leave one unused that the full build would
-//!   therefore leave out.
+//!   therefore leave out;
+//! - a hash set's element count would leave the margin of its size (`ruleset::hash_set_size`):
+//!   a new size is a new set, which the full path's diff recreates with its rules.
 //!
 //! The last rule relies on how the builder decides which objects exist beyond the fixed ones
 //! (built from the Nodes and settings alone): exactly those reachable, through chain rules,
@@ -327,13 +329,21 @@ impl<K: Kernel> Syncer<K> {
 /// of the `changed` Services; `Err` says why that cannot be done without a full build.
 fn delta(
     have: &WireTable,
-    want: WireTable,
+    mut want: WireTable,
     layout: &Layout,
     changed: &BTreeSet<ServiceName>,
     old: &Old<'_>,
 ) -> Result<Delta, &'static str> {
     if want.name != have.name || want.userdata != have.userdata || want.flags != have.flags {
         return Err("the table itself changed");
+    }
+    // Lowering sized the rebuilt sets for the changed Services' elements alone: a change sync
+    // keeps the sizes the kernel holds, and the check below sends it to the full path when the
+    // result would leave a size's margin.
+    for (name, set) in &mut want.sets {
+        if let Some(held) = have.sets.get(name) {
+            set.size = held.size;
+        }
     }
     // The chains were compared before lowering (`BuiltChains::hold_all`).
     for (name, set) in &want.sets {
@@ -409,7 +419,32 @@ fn delta(
             return Err("an object would be left unused, which only a full build removes");
         }
     }
+    if leaves_size_margin(have, &delta) {
+        return Err(
+            "a set's element count leaves the margin of its size, which only a full \
+             sync changes (a new size is a new set)",
+        );
+    }
     Ok(delta)
+}
+
+/// Whether a hash set of `have` would, after `delta`, hold a count of elements for which
+/// `hash_set_size` chooses another size than the one it has (also when it would overflow it:
+/// the kernel would refuse the adds with ENFILE).
+fn leaves_size_margin(have: &WireTable, delta: &Delta) -> bool {
+    let mut change: HashMap<&str, i64> = HashMap::new();
+    for (name, _, _) in &delta.old {
+        *change.entry(name.as_str()).or_default() -= 1;
+    }
+    for (name, _, _) in &delta.new {
+        *change.entry(name.as_str()).or_default() += 1;
+    }
+    change.into_iter().any(|(name, change)| {
+        have.sets.get(name).is_some_and(|set| {
+            let after = usize::try_from(set.elements.len() as i64 + change).unwrap_or(0);
+            set.is_plain_hash() && ruleset::hash_set_size(after, set.size) != set.size
+        })
+    })
 }
 
 /// The changed Services' applied elements: their origins, and where those are.
@@ -440,6 +475,7 @@ fn definition(set: &WireSet) -> WireSet {
         data_len: set.data_len,
         userdata: set.userdata.clone(),
         concat: set.concat.clone(),
+        size: set.size,
         elements: BTreeMap::new(),
     }
 }

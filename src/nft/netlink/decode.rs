@@ -1,5 +1,5 @@
 //! Decoding what the kernel sends back: extended acks, rule expressions, set descriptions
-//! and elements of a dump.
+//! (size, concatenation) and elements of a dump.
 
 use super::*;
 
@@ -20,7 +20,8 @@ pub fn decode_any(data: &[u8]) -> usize {
         decoded += text.map_or(0, |t| t.len()) + offset.map_or(0, |_| 1);
         let attrs = m.payload.get(NFGEN_HDRLEN..).unwrap_or_default();
         for (_, p, _) in Attrs::new(attrs) {
-            decoded += parse_desc_concat(p).len();
+            let (size, lens) = parse_desc(p);
+            decoded += lens.len() + usize::from(size.is_some());
             decoded += cstr(p).len();
             for (_, e, _) in Attrs::new(p) {
                 if parse_elem(e, &mut chains, &mut comments).is_some() {
@@ -64,12 +65,19 @@ pub(super) fn parse_ext_ack(flags: u16, payload: &[u8]) -> (Option<String>, Opti
     (text, off)
 }
 
-/// The field lengths of `NFTA_SET_DESC_CONCAT` in a set's description.
-pub(super) fn parse_desc_concat(desc: &[u8]) -> Vec<u32> {
+/// A set's description (`NFTA_SET_DESC`): its size (`NFTA_SET_DESC_SIZE`), and the field
+/// lengths of `NFTA_SET_DESC_CONCAT`.
+pub(super) fn parse_desc(desc: &[u8]) -> (Option<u32>, Vec<u32>) {
+    let mut size = None;
     let mut lens = Vec::new();
     for (ty, p, _) in Attrs::new(desc) {
-        if ty & NLA_TYPE_MASK != SET_DESC_CONCAT {
-            continue;
+        match ty & NLA_TYPE_MASK {
+            SET_DESC_SIZE => {
+                size = be_u32(p);
+                continue;
+            }
+            SET_DESC_CONCAT => {}
+            _ => continue,
         }
         for (_, field, _) in Attrs::new(p) {
             for (t, q, _) in Attrs::new(field) {
@@ -81,7 +89,7 @@ pub(super) fn parse_desc_concat(desc: &[u8]) -> Vec<u32> {
             }
         }
     }
-    lens
+    (size, lens)
 }
 
 /// Parses one element of a dump. `chains` and `comments` intern goto targets and comments: a

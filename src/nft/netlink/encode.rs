@@ -281,16 +281,22 @@ pub(super) fn encode_op(
             if let Some(l) = set.data_len {
                 put_u32_be(buf, SET_DATA_LEN, l);
             }
-            if !set.concat.is_empty() {
+            // One description holds both: the kernel parses a single NFTA_SET_DESC.
+            if set.size.is_some() || !set.concat.is_empty() {
                 let desc = nest_begin(buf, SET_DESC | NLA_F_NESTED);
-                let list = nest_begin(buf, SET_DESC_CONCAT | NLA_F_NESTED);
-                for len in &set.concat {
-                    let el = nest_begin(buf, LIST_ELEM | NLA_F_NESTED);
-                    put_u32_be(buf, SET_FIELD_LEN, *len);
-                    let _ = nest_end(buf, el);
+                if let Some(size) = set.size {
+                    put_u32_be(buf, SET_DESC_SIZE, size);
                 }
-                // At most a handful of fields.
-                let _ = nest_end(buf, list);
+                if !set.concat.is_empty() {
+                    let list = nest_begin(buf, SET_DESC_CONCAT | NLA_F_NESTED);
+                    for len in &set.concat {
+                        let el = nest_begin(buf, LIST_ELEM | NLA_F_NESTED);
+                        put_u32_be(buf, SET_FIELD_LEN, *len);
+                        let _ = nest_end(buf, el);
+                    }
+                    // At most a handful of fields.
+                    let _ = nest_end(buf, list);
+                }
                 let _ = nest_end(buf, desc);
             }
             if !set.userdata.is_empty() {

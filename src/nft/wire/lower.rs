@@ -448,6 +448,8 @@ pub(super) fn lower_set<E: Borrow<Element>>(
         data_len,
         userdata: udata::set_udata(family, set),
         concat,
+        // What a fresh kernel gets; `size_sets` adjusts it to the table the kernel holds.
+        size: set.fresh_size(),
         elements: wire_elements,
     })
 }
