@@ -25,6 +25,8 @@ use crate::netlink::*;
 mod decode;
 mod encode;
 mod raw;
+#[cfg(test)]
+mod tests;
 mod transact;
 
 pub use decode::decode_any;

@@ -465,3 +465,140 @@ fn the_fault_switch_makes_the_kernel_refuse_only_the_named_ports_elements() {
         assert_eq!(got, want);
     }
 }
+
+/// `n` elements of `service-ips` (`10.96.x.y . tcp . 80`), all going to chain `a`.
+fn bulk(n: u32) -> Vec<Element> {
+    (0..n)
+        .map(|i| Element {
+            key: vec![
+                Atom::Addr([10, 96, (i / 256) as u8, (i % 256) as u8].into()),
+                Atom::Proto(Protocol::Tcp),
+                Atom::Port(80),
+            ],
+            data: Some(ElemData::Verdict(Verdict::Goto("a".into()))),
+            comment: Some("ns/bulk".into()),
+            origin: None,
+        })
+        .collect()
+}
+
+fn size_in_kernel(k: &mut FakeKernel) -> Option<u32> {
+    k.read_table(IpFamily::V4, "nodeproxy")
+        .unwrap()
+        .unwrap()
+        .sets["service-ips"]
+        .size
+}
+
+#[test]
+fn hash_set_sizes_keep_the_held_size_within_its_margin() {
+    // A fresh kernel: none up to the threshold, then twice the elements to a power of two.
+    assert_eq!(hash_set_size(0, None), None);
+    assert_eq!(hash_set_size(1000, None), None);
+    assert_eq!(hash_set_size(1001, None), Some(2048));
+    assert_eq!(hash_set_size(100_000, None), Some(262_144));
+    // Kept from 1/8 to 3/4 of the held size, below the threshold too (no flapping there).
+    for n in [256, 999, 1001, 1536] {
+        assert_eq!(hash_set_size(n, Some(2048)), Some(2048), "{n}");
+    }
+    // Grown past 3/4 (and past the size itself).
+    assert_eq!(hash_set_size(1537, Some(2048)), Some(4096));
+    assert_eq!(hash_set_size(5000, Some(2048)), Some(16_384));
+    // Shrunk below 1/8: to a smaller size, or none below the threshold.
+    assert_eq!(hash_set_size(1500, Some(16_384)), Some(4096));
+    assert_eq!(hash_set_size(255, Some(2048)), None);
+}
+
+#[test]
+fn lowering_sizes_big_hash_sets_and_dynamic_ones() {
+    let size_of = |t: &Table, set: &str| lower(t).unwrap().sets[set].size;
+    assert_eq!(size_of(&table(bulk(1000), true), "service-ips"), None);
+    assert_eq!(size_of(&table(bulk(1001), true), "service-ips"), Some(2048));
+    let mut t = table(vec![], true);
+    t.sets.push(Set {
+        name: "pins".into(),
+        comment: String::new(),
+        key: vec![KeyField::Saddr],
+        data: None,
+        typeof_: false,
+        elements: vec![],
+        kind: SetKind::Dynamic,
+    });
+    // What the kernel gives a dynamic set anyway, and dumps back.
+    assert_eq!(size_of(&t, "pins"), Some(DYNAMIC_SET_SIZE));
+}
+
+#[test]
+fn a_sync_keeps_the_held_size_until_the_margin_and_then_recreates_the_set() {
+    let mut k = FakeKernel::new();
+    converge(&mut k, &table(bulk(1001), true));
+    assert_eq!(size_in_kernel(&mut k), Some(2048));
+    // A fresh kernel would get 4096 for 1536 elements; this one keeps its 2048.
+    let t = table(bulk(1536), true);
+    let mut want = lower(&t).unwrap();
+    assert_eq!(want.sets["service-ips"].size, Some(4096));
+    let have = k.read_table(IpFamily::V4, "nodeproxy").unwrap();
+    size_sets(&mut want, have.as_ref());
+    assert_eq!(want.sets["service-ips"].size, Some(2048));
+    let rep = converge(&mut k, &t);
+    assert_eq!((rep.elements_added, rep.chains_rewritten), (535, 0));
+    assert_eq!(size_in_kernel(&mut k), Some(2048));
+    // Past 3/4: the set is recreated with the new size, and the rule looking it up rewritten.
+    let rep = converge(&mut k, &table(bulk(1537), true));
+    assert_eq!((rep.elements_added, rep.chains_rewritten), (1537, 1));
+    assert_eq!(size_in_kernel(&mut k), Some(4096));
+    assert_eq!(converge(&mut k, &table(bulk(1537), true)).empty_plans, 1);
+}
+
+#[test]
+fn the_fake_kernel_refuses_an_element_past_a_sets_size_as_the_kernel_does() {
+    let enfile = |e: NftError| match e {
+        NftError::Rejected { errors } => errors
+            .iter()
+            .map(|e| (e.op, e.errno.raw_os_error()))
+            .collect::<Vec<_>>(),
+        other => panic!("{other}"),
+    };
+    let sized = |elems: Vec<Element>| {
+        let mut w = lower(&table(elems, true)).unwrap();
+        w.sets.get_mut("service-ips").unwrap().size = Some(2);
+        w
+    };
+    let mut k = FakeKernel::new();
+    let three = sized(vec![
+        svc_elem(1, 80, "a"),
+        svc_elem(2, 80, "a"),
+        svc_elem(3, 80, "a"),
+    ]);
+    let err = k.apply(&diff(None, &three)).unwrap_err();
+    assert_eq!(enfile(err), vec![("add element", Some(nix::libc::ENFILE))]);
+    assert!(k.tables.is_empty(), "all or nothing");
+
+    let two = sized(vec![svc_elem(1, 80, "a"), svc_elem(2, 80, "a")]);
+    k.apply(&diff(None, &two)).unwrap();
+    // Full: a delete and an add in one transaction fit, as the kernel counts them.
+    let replaced = sized(vec![svc_elem(1, 80, "a"), svc_elem(2, 80, "b")]);
+    k.apply(&diff(Some(&two), &replaced)).unwrap();
+    // An element that exists with the same data is not counted again.
+    let again = diff(None, &replaced);
+    let adds: Vec<Op<'_>> = again
+        .phase1
+        .into_iter()
+        .filter(|o| matches!(o, Op::AddElems { .. }))
+        .collect();
+    let plan = Plan {
+        family: IpFamily::V4,
+        table: "nodeproxy".into(),
+        phase1: adds,
+        phase2: vec![],
+    };
+    k.apply(&plan).unwrap();
+    // One more is past the size.
+    let three = sized(vec![
+        svc_elem(1, 80, "a"),
+        svc_elem(2, 80, "b"),
+        svc_elem(3, 80, "a"),
+    ]);
+    let err = k.apply(&diff(Some(&replaced), &three)).unwrap_err();
+    assert_eq!(enfile(err), vec![("add element", Some(nix::libc::ENFILE))]);
+}
