@@ -1478,3 +1478,86 @@ fn the_kernel_is_known_unchanged_exactly_while_only_we_commit() {
     assert!(syncer.sync(&st, &settings(), true).unwrap().drift_repaired);
     assert!(syncer.kernel_unchanged().unwrap());
 }
+
+/// ClusterIP Services `bulk-<i>` for each `i` of `range`, one endpoint each: one element each in
+/// `cluster-ips`, `service-ips` and `pick-1-endpoints`.
+fn add_bulk(st: &mut ClusterState, range: std::ops::Range<u32>) -> BTreeSet<ServiceName> {
+    let mut names = BTreeSet::new();
+    for i in range {
+        let (hi, lo) = (i / 256, i % 256);
+        let n = format!("bulk-{i}");
+        add_service(
+            st,
+            &n,
+            &format!("10.96.{hi}.{lo}"),
+            &format!("10.201.{hi}.{lo}"),
+        );
+        names.insert(name("ns", &n));
+    }
+    names
+}
+
+/// Element count and size of each of the three sets `add_bulk` fills, in the kernel's ip table.
+fn bulk_sets(k: &FakeKernel) -> Vec<(usize, Option<u32>)> {
+    let t = &k.tables[&(IpFamily::V4, ruleset::names::TABLE.to_owned())];
+    ["cluster-ips", "service-ips", "pick-1-endpoints"]
+        .iter()
+        .map(|n| (t.sets[*n].elements.len(), t.sets[*n].size))
+        .collect()
+}
+
+/// The full path, reading the kernel back, finds nothing to change: the change syncs left what
+/// it would (the sizes kept by hysteresis included).
+fn assert_full_path_agrees(syncer: &mut Syncer<FakeKernel>, st: &ClusterState, context: &str) {
+    let mut check = Syncer::new(syncer.kernel().clone());
+    let out = check.sync(st, &settings(), true).unwrap();
+    assert_eq!(out.report.messages, 0, "{context}: {out}");
+}
+
+#[test]
+fn a_change_sync_leaving_a_sets_size_margin_goes_the_full_path_which_resizes() {
+    let settings = settings();
+    let mut st = state();
+    add_bulk(&mut st, 0..998);
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings, false).unwrap();
+    assert_eq!(bulk_sets(syncer.kernel()), vec![(1000, None); 3]);
+
+    // Past the threshold: the sets need a size.
+    let changed = add_bulk(&mut st, 998..999);
+    let reason = needs_full(syncer.sync_changed(&st.subset(&changed), &changed, &settings));
+    assert!(reason.contains("margin of its size"), "{reason}");
+    syncer.sync(&st, &settings, false).unwrap();
+    assert_eq!(bulk_sets(syncer.kernel()), vec![(1001, Some(2048)); 3]);
+    assert!(syncer.kernel().tables == full_tables(&st, &settings).tables);
+
+    // Up to 3/4 of the size, change syncs keep it (a fresh kernel would get 4096)...
+    let changed = add_bulk(&mut st, 999..1534);
+    done(syncer.sync_changed(&st.subset(&changed), &changed, &settings));
+    assert_eq!(bulk_sets(syncer.kernel()), vec![(1536, Some(2048)); 3]);
+    assert_full_path_agrees(&mut syncer, &st, "at 3/4");
+    // ... one more element leaves the margin, and the full path recreates the sets.
+    let changed = add_bulk(&mut st, 1534..1535);
+    needs_full(syncer.sync_changed(&st.subset(&changed), &changed, &settings));
+    let out = syncer.sync(&st, &settings, false).unwrap();
+    assert_eq!(out.report.elements_added, 3 * 1537, "{out}");
+    assert_eq!(bulk_sets(syncer.kernel()), vec![(1537, Some(4096)); 3]);
+    assert!(syncer.kernel().tables == full_tables(&st, &settings).tables);
+
+    // Shrinking: kept down to 1/8 of the size, then none below the threshold.
+    let gone: BTreeSet<ServiceName> = (510..1535)
+        .map(|i| name("ns", &format!("bulk-{i}")))
+        .collect();
+    st.services.retain(|n, _| !gone.contains(n));
+    st.slices.retain(|_, s| !gone.contains(&s.service));
+    done(syncer.sync_changed(&st.subset(&gone), &gone, &settings));
+    assert_eq!(bulk_sets(syncer.kernel()), vec![(512, Some(4096)); 3]);
+    assert_full_path_agrees(&mut syncer, &st, "at 1/8");
+    let gone = BTreeSet::from([name("ns", "bulk-509")]);
+    st.services.retain(|n, _| !gone.contains(n));
+    st.slices.retain(|_, s| !gone.contains(&s.service));
+    needs_full(syncer.sync_changed(&st.subset(&gone), &gone, &settings));
+    syncer.sync(&st, &settings, false).unwrap();
+    assert_eq!(bulk_sets(syncer.kernel()), vec![(511, None); 3]);
+    assert!(syncer.kernel().tables == full_tables(&st, &settings).tables);
+}
