@@ -533,3 +533,121 @@ fn incremental_syncs_leave_the_kernel_as_a_full_build_describes_it() {
         assert!(incremental >= 10, "only {incremental} incremental syncs");
     });
 }
+
+/// ClusterIP Services `bulk-<i>` for each `i` of `range`, one endpoint each: one element each
+/// in `cluster-ips`, `service-ips` and `pick-1-endpoints`.
+fn add_bulk(
+    st: &mut nodeproxy::model::ClusterState,
+    range: std::ops::Range<u32>,
+) -> BTreeSet<nodeproxy::model::ServiceName> {
+    use nodeproxy::model::*;
+    let mut names = BTreeSet::new();
+    for i in range {
+        let svc_name = ServiceName {
+            namespace: "ns".into(),
+            name: format!("bulk-{i}"),
+        };
+        let svc = Service {
+            cluster_ips: vec![std::net::Ipv4Addr::from(0x0a60_0000 + i).into()],
+            ports: vec![ServicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: None,
+            }],
+            ..Service::new(svc_name.clone())
+        };
+        let slice = EndpointSlice {
+            name: ServiceName {
+                namespace: "ns".into(),
+                name: format!("bulk-{i}-1"),
+            },
+            service: svc_name.clone(),
+            family: IpFamily::V4,
+            ports: vec![SlicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 8080,
+            }],
+            endpoints: vec![SliceEndpoint {
+                addr: std::net::Ipv4Addr::from(0x0ac9_0000 + i).into(),
+                conditions: Conditions {
+                    ready: true,
+                    serving: true,
+                    terminating: false,
+                },
+                node_name: Some("node-b".into()),
+                zone: None,
+                zone_hints: vec![],
+                node_hints: vec![],
+            }],
+        };
+        st.slices.insert(slice.name.clone(), slice);
+        st.services.insert(svc_name.clone(), svc);
+        names.insert(svc_name);
+    }
+    names
+}
+
+/// The `size` lines of nft text, in order.
+fn size_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with("size "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Hash sets of more than 1000 elements are created with a size, which `nft list` shows where
+/// `--dry-run` renders it; the kernel dumps it back as we sent it, so verification finds no
+/// drift; and past 3/4 of it the full path recreates the sets with the next size.
+#[test]
+fn a_big_set_is_created_with_its_size_and_grows_past_three_quarters() {
+    in_netns(|| {
+        let settings = Settings::new(&nodeproxy::config::Config::default(), "node-a".into());
+        let mut st = nodeproxy::model::ClusterState::default();
+        add_bulk(&mut st, 0..1001);
+        let mut syncer = Syncer::new(NetlinkKernel::new().unwrap());
+        syncer.sync(&st, &settings, false).unwrap();
+        let sizes = |syncer: &mut Syncer<NetlinkKernel>| {
+            let t = syncer
+                .kernel()
+                .read_table(IpFamily::V4, "nodeproxy")
+                .unwrap()
+                .unwrap();
+            ["cluster-ips", "service-ips", "pick-1-endpoints"]
+                .map(|n| (t.sets[n].elements.len(), t.sets[n].size))
+        };
+        assert_eq!(sizes(&mut syncer), [(1001, Some(2048)); 3]);
+        let rendered = ruleset::render::render(&ruleset::build(&st, &settings));
+        let listed = list("ip") + &list("ip6");
+        assert_eq!(size_lines(&listed), size_lines(&rendered));
+        assert_eq!(size_lines(&listed), vec!["\t\tsize 2048"; 3]);
+        let out = syncer.sync(&st, &settings, true).unwrap();
+        assert!(!out.drift_repaired, "{out}");
+        assert_eq!(out.report.messages, 0, "{out}");
+
+        // Change syncs keep the size up to 3/4 of it...
+        let changed = add_bulk(&mut st, 1001..1536);
+        let Incremental::Done(_) = syncer
+            .sync_changed(&st.subset(&changed), &changed, &settings)
+            .unwrap()
+        else {
+            panic!("expected a change sync");
+        };
+        assert_eq!(sizes(&mut syncer), [(1536, Some(2048)); 3]);
+        // ... and one more element takes the full path, which recreates the sets.
+        let changed = add_bulk(&mut st, 1536..1537);
+        let Incremental::NeedsFull(_) = syncer
+            .sync_changed(&st.subset(&changed), &changed, &settings)
+            .unwrap()
+        else {
+            panic!("expected the full path");
+        };
+        syncer.sync(&st, &settings, false).unwrap();
+        assert_eq!(sizes(&mut syncer), [(1537, Some(4096)); 3]);
+        assert_eq!(size_lines(&list("ip")), vec!["\t\tsize 4096"; 3]);
+        let out = syncer.sync(&st, &settings, true).unwrap();
+        assert!(!out.drift_repaired, "{out}");
+        assert_eq!(out.report.messages, 0, "{out}");
+    });
+}
