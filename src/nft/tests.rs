@@ -471,7 +471,7 @@ fn bulk(n: u32) -> Vec<Element> {
     (0..n)
         .map(|i| Element {
             key: vec![
-                Atom::Addr([10, 96, (i / 256) as u8, (i % 256) as u8].into()),
+                Atom::Addr(std::net::Ipv4Addr::from(0x0a60_0000 + i).into()),
                 Atom::Proto(Protocol::Tcp),
                 Atom::Port(80),
             ],
