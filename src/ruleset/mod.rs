@@ -301,19 +301,19 @@ pub enum SetKind {
 /// Elements above which a hash set gets an explicit `size`.
 ///
 /// The kernel then picks its fixed-size hash (a bucket array sized once) instead of the
-/// rhashtable, which grows by doubling while elements are inserted: a cold load at 10k Services
-/// × 10 endpoints spends half its kernel time less (docs/performance.md). A size costs a bucket
-/// array that size per set, so small sets keep none (`size 1048576` on every set was 4× slower).
+/// rhashtable, which grows by doubling while elements are inserted: that halves the kernel time
+/// of a cold load at 10k Services × 10 endpoints (docs/performance.md). A size costs a bucket
+/// array that size per set, so small sets get none (`size 1048576` on every set was 4× slower).
 pub const SIZED_SET_THRESHOLD: usize = 1000;
 
 /// The `size` of a hash set ([`SetKind::Hash`]) of `elements`, given the size the kernel holds
 /// it with (`held`; `None` for none, or on a fresh kernel).
 ///
 /// The size is also the kernel's maximum (adding past it is ENFILE), so it is kept ahead of
-/// growth: twice the elements, to the next power of two. It is kept while the set holds at most
-/// 3/4 and at least 1/8 of it, so that a set hovering at a boundary does not have the set
-/// recreated on each sync (a new size means a new set); beyond the margin it is chosen afresh,
-/// which below the threshold is none.
+/// growth: twice the elements, to the next power of two. A new size means a new set (the diff
+/// recreates it with its elements), so the held size is kept while the set holds at most 3/4
+/// and at least 1/8 of it, and a set hovering at a boundary is not recreated on each sync;
+/// beyond that margin the size is chosen afresh, which at or below the threshold is none.
 ///
 /// Pure arithmetic: the ruleset knows nothing of what the kernel holds. `nft::wire::size_sets`
 /// passes the held size from the table read back or last applied (the full path), the change

@@ -192,3 +192,31 @@ fn a_preview_never_deletes() {
     assert!(preview.delete_tables(ruleset::names::TABLE).is_err());
     assert_eq!(kernel.tables.len(), 2);
 }
+
+#[test]
+fn a_set_recreated_for_its_size_says_so() {
+    let mut st = state();
+    for i in 0..999 {
+        let (hi, lo) = (i / 256, i % 256);
+        add_service(
+            &mut st,
+            &format!("bulk-{i}"),
+            &format!("10.96.{hi}.{lo}"),
+            &format!("10.201.{hi}.{lo}"),
+        );
+    }
+    let mut kernel = programmed(&st);
+    add_service(&mut st, "one-more", "10.97.0.1", "10.202.0.1");
+    let report = preview(&mut kernel, &st);
+    let sets: Vec<String> = lines(&report)
+        .into_iter()
+        .filter(|l| l.contains(": recreated ("))
+        .collect();
+    assert_eq!(
+        sets,
+        ["cluster-ips", "pick-1-endpoints", "service-ips"].map(|n| format!(
+            "  ~ {} ip nodeproxy {n}: recreated (its size changed: none -> 2048), 1001 element(s)",
+            if n == "cluster-ips" { "set" } else { "map" }
+        ))
+    );
+}
