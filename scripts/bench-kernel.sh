@@ -2,7 +2,9 @@
 # Kernel and memory benchmark: programs synthetic clusters of N services × M endpoints into fresh
 # network namespaces and reports, for each size, in one run:
 #   cold        nodeproxy --once into an empty namespace (wall time, kernel time, peak RSS)
-#   re-apply    the same state again: adoption of existing tables (reads them back, sends nothing)
+#   re-apply    the same state again: adoption of existing tables (sends nothing); sealed (the
+#               previous run's seal holds: elements not read back) and unsealed (seal deleted
+#               first: everything read back)
 #   endpoint    one endpoint of one service replaced
 #   service     one service added
 #   nft -f      baseline: `nft -f` of the same ruleset (nodeproxy --dry-run output) into an
@@ -97,9 +99,9 @@ targets() {
 }
 
 mkdir -p "$(dirname "$tsv")"
-printf 'services\tendpoints\telements\tcold_wall_s\tcold_kernel_ms\tcold_rss_kib\treapply_wall_s\tnft_wall_s\tnft_rss_kib\tdaemon_rss_kib\tdaemon_hwm_kib\ttwo_slice_ms\n' >"$tsv"
+printf 'services\tendpoints\telements\tcold_wall_s\tcold_kernel_ms\tcold_rss_kib\treapply_wall_s\tnft_wall_s\tnft_rss_kib\tdaemon_rss_kib\tdaemon_hwm_kib\ttwo_slice_ms\treapply_unsealed_wall_s\n' >"$tsv"
 : >"$work/targets.md"
-echo "| services × endpoints | elements | cold: wall / kernel / peak RSS | re-apply: wall | one endpoint: kernel (msgs) | one service: kernel (msgs) | nft -f: wall / peak RSS | cold speed-up vs nft -f |"
+echo "| services × endpoints | elements | cold: wall / kernel / peak RSS | re-apply: wall, sealed / unsealed | one endpoint: kernel (msgs) | one service: kernel (msgs) | nft -f: wall / peak RSS | cold speed-up vs nft -f |"
 echo "|---|---|---|---|---|---|---|---|"
 for size in "${sizes[@]}"; do
     n=${size%x*}
@@ -110,6 +112,8 @@ for size in "${sizes[@]}"; do
     ip netns add "$ns-a"
     read -r cold_wall cold_kernel cold_rss _ < <(once "$ns-a" "$work/base.json")
     read -r re_wall _ _ _ < <(once "$ns-a" "$work/base.json")
+    ip netns exec "$ns-a" nft delete table ip nodeproxy-seal
+    read -r re_unsealed _ _ _ < <(once "$ns-a" "$work/base.json")
     read -r _ ep_kernel _ ep_msgs < <(once "$ns-a" "$work/endpoint.json")
     read -r _ svc_kernel _ svc_msgs < <(once "$ns-a" "$work/service.json")
     elements=$(ip netns exec "$ns-a" "$bin" --dry-run --from-file "$work/base.json" "${args[@]}" 2>/dev/null \
@@ -134,14 +138,14 @@ for size in "${sizes[@]}"; do
         d_hwm=$(sed -n 's/.*daemon_hwm_kib=\([0-9]*\).*/\1/p' <<<"$result")
         d_two=$(sed -n 's/.*two_slice_ms=\([0-9.]*\).*/\1/p' <<<"$result")
     fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$m" "$elements" "$cold_wall" \
-        "$cold_kernel" "$cold_rss" "$re_wall" "$nft_wall" "$nft_rss" "$d_rss" "$d_hwm" "$d_two" >>"$tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$n" "$m" "$elements" "$cold_wall" \
+        "$cold_kernel" "$cold_rss" "$re_wall" "$nft_wall" "$nft_rss" "$d_rss" "$d_hwm" "$d_two" "$re_unsealed" >>"$tsv"
     targets "$n" "$m" "$cold_wall" "$cold_kernel" "$cold_rss" "$re_wall" "$nft_wall" "$d_rss" "$d_hwm" "$d_two" \
         >>"$work/targets.md"
 
     speedup=$(awk -v a="$nft_wall" -v b="$cold_wall" 'BEGIN { printf "%.1f×", a / b }')
-    printf "| %s × %s | %s | %s s / %s ms / %s MiB | %s s | %s ms (%s) | %s ms (%s) | %s s / %s MiB | %s |\n" \
-        "$n" "$m" "$elements" "$cold_wall" "$cold_kernel" "$(mib "$cold_rss")" "$re_wall" \
+    printf "| %s × %s | %s | %s s / %s ms / %s MiB | %s s / %s s | %s ms (%s) | %s ms (%s) | %s s / %s MiB | %s |\n" \
+        "$n" "$m" "$elements" "$cold_wall" "$cold_kernel" "$(mib "$cold_rss")" "$re_wall" "$re_unsealed" \
         "$ep_kernel" "$ep_msgs" "$svc_kernel" "$svc_msgs" "$nft_wall" "$(mib "$nft_rss")" "$speedup"
 done
 

@@ -278,6 +278,11 @@ pub fn cleanup(config: &config::Config) -> Result<(), ModeError> {
     let removed = kernel
         .delete_tables(name)
         .map_err(kernel_err("removing nodeproxy's tables"))?;
+    // The seal describes the tables just removed: it goes with them (a later start would not
+    // trust it, since the generation moved, but it would be left behind).
+    kernel
+        .delete_tables(nft::SEAL_TABLE)
+        .map_err(kernel_err("removing nodeproxy's seal"))?;
     tracing::info!("removed {removed} nodeproxy table(s); nothing else was touched");
     drop(lock);
     Ok(())

@@ -21,8 +21,10 @@ use crate::nft::{self, Kernel, NftError, RejectedOp, ReplyKind, WireTable};
 use crate::ruleset::{self, Settings};
 
 mod incremental;
+pub mod seal;
 
 pub use incremental::Incremental;
+use seal::Seal;
 
 /// How many times one sync rebuilds after quarantining: each round must quarantine at least one
 /// more Service, so this bounds the work when many Services fail at once.
@@ -125,6 +127,14 @@ pub struct Syncer<K: Kernel> {
     /// transactions, dropped when anyone else may have committed in between (see
     /// [`Syncer::kernel_unchanged`]).
     trusted_generation: Option<u32>,
+    /// The previous process's seal, checked against the kernel's boot and generation at the
+    /// start of the sync in progress: its tables may be adopted without reading their elements
+    /// (see [`seal`]). Only for that sync.
+    adoption: Option<Seal>,
+    /// Whether this syncer has started a sync before: only its first may adopt on a seal, since
+    /// after that a seal written before it started no longer describes what it believes it
+    /// applied (and a verification must read back).
+    synced_before: bool,
     /// What the kernel rejected since [`Syncer::take_rejections`] was last called, one kind per
     /// operation: full and incremental syncs, including rejections a retry or a quarantine
     /// then resolved.
@@ -157,6 +167,8 @@ pub fn once<K: Kernel, E: From<NftError>>(
     let mut rounds = 0;
     loop {
         let mut outcome = SyncOutcome::default();
+        syncer.start_generation_chain(true)?;
+        syncer.prepare_adoption()?;
         let loaded = match state.take() {
             Some(state) => state,
             None => reload()?,
@@ -168,8 +180,19 @@ pub fn once<K: Kernel, E: From<NftError>>(
         };
         let desired = ruleset::build(&effective, settings);
         drop(effective);
-        match syncer.apply(desired, true, &mut outcome) {
+        let applied = syncer.apply(desired, true, &mut outcome);
+        syncer.adoption = None;
+        match applied {
             Ok(()) => {
+                // For the next process (the daemon, or `--once` again): a failure to seal
+                // only costs that process a full read-back.
+                match syncer.seal() {
+                    Ok(sealed) => tracing::debug!(sealed, "sealed our tables for the next start"),
+                    Err(e) => tracing::warn!(
+                        "could not seal our tables for the next start (it will read them back): {}",
+                        crate::report::chain(&e)
+                    ),
+                }
                 outcome.quarantined = syncer.quarantined();
                 syncer.report_quarantine_changes(&mut outcome);
                 outcome.duration = started.elapsed();
@@ -197,6 +220,8 @@ impl<K: Kernel> Syncer<K> {
             quarantine: BTreeMap::new(),
             baseline: None,
             trusted_generation: None,
+            adoption: None,
+            synced_before: false,
             rejected: Vec::new(),
             keeps_baseline: true,
             fresh: BTreeMap::new(),
@@ -307,11 +332,34 @@ impl<K: Kernel> Syncer<K> {
         self.baseline = None;
         self.release_changed(state);
         let mut outcome = SyncOutcome::default();
+        self.start_generation_chain(verify)?;
+        self.prepare_adoption()?;
+        let result = self.sync_rounds(state, settings, verify, &mut outcome);
+        self.adoption = None;
+        let (contested, chains) = result?;
+        if self.keeps_baseline {
+            self.baseline =
+                incremental::Baseline::new(&self.applied, settings, &state.nodes, contested)
+                    .map(|b| b.with_claims(&state.services).with_chains(chains));
+        }
+        outcome.quarantined = self.quarantined();
+        self.report_quarantine_changes(&mut outcome);
+        outcome.duration = started.elapsed();
+        Ok(outcome)
+    }
+
+    /// Builds and applies until the kernel accepts, quarantining what it refuses.
+    fn sync_rounds(
+        &mut self,
+        state: &ClusterState,
+        settings: &Settings,
+        verify: bool,
+        outcome: &mut SyncOutcome,
+    ) -> Result<(ruleset::Contested, incremental::BuiltChains), NftError> {
         let mut rounds = 0;
         let mut verify = verify;
         let mut confirmed = false;
-        self.start_generation_chain(verify)?;
-        let (contested, chains) = loop {
+        loop {
             let filtered;
             let effective = if self.quarantine.is_empty() {
                 state
@@ -326,8 +374,8 @@ impl<K: Kernel> Syncer<K> {
             } else {
                 incremental::BuiltChains::default()
             };
-            match self.apply(desired, verify, &mut outcome) {
-                Ok(()) => break (contested, chains),
+            match self.apply(desired, verify, outcome) {
+                Ok(()) => return Ok((contested, chains)),
                 Err(NftError::Rejected { errors }) => {
                     self.note_rejected(&errors);
                     // The transaction was rolled back, so what the kernel holds is the last
@@ -339,8 +387,11 @@ impl<K: Kernel> Syncer<K> {
                     if !confirmed {
                         confirmed = true;
                         verify = true;
+                        // Fresh means everything read, the elements too: a seal is no
+                        // witness against a view the kernel just refused.
+                        self.adoption = None;
                         self.start_generation_chain(true)?;
-                        outcome = SyncOutcome::default();
+                        *outcome = SyncOutcome::default();
                         continue;
                     }
                     let added = self.quarantine_rejected(&errors, Some(state));
@@ -357,16 +408,7 @@ impl<K: Kernel> Syncer<K> {
                     return Err(other);
                 }
             }
-        };
-        if self.keeps_baseline {
-            self.baseline =
-                incremental::Baseline::new(&self.applied, settings, &state.nodes, contested)
-                    .map(|b| b.with_claims(&state.services).with_chains(chains));
         }
-        outcome.quarantined = self.quarantined();
-        self.report_quarantine_changes(&mut outcome);
-        outcome.duration = started.elapsed();
-        Ok(outcome)
     }
 
     fn apply(
@@ -395,7 +437,7 @@ impl<K: Kernel> Syncer<K> {
                 None => {
                     outcome.full = true;
                     let t = Instant::now();
-                    let have = self.kernel.read_table(family, &name)?;
+                    let have = self.read_back(family, &name, &want, rep)?;
                     rep.read += t.elapsed();
                     have
                 }
@@ -424,6 +466,104 @@ impl<K: Kernel> Syncer<K> {
             self.applied.insert(family, Some(want));
         }
         Ok(())
+    }
+
+    /// Reads our table of `family` back: without its elements when the sync adopts on a seal
+    /// that still holds and `want`'s elements are the sealed ones (they are then `want`'s),
+    /// everything otherwise.
+    fn read_back(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+        want: &WireTable,
+        rep: &mut nft::SyncReport,
+    ) -> Result<Option<WireTable>, NftError> {
+        let sealed = self
+            .adoption
+            .as_ref()
+            .and_then(|s| Some((s.salt, s.digest(family)?)));
+        if let (Some((salt, sealed)), Some(trusted)) = (sealed, self.trusted_generation)
+            // Only our own transactions since the seal was checked (the other family's, in
+            // this sync), each of them carried by the chain.
+            && self.kernel.generation()? == trusted
+            && seal::digest(want, salt) == sealed
+            && let Some(mut have) = self.kernel.read_table_definitions(family, name)?
+            && seal::fill(&mut have, want)
+        {
+            rep.tables_adopted += 1;
+            return Ok(Some(have));
+        }
+        self.kernel.read_table(family, name)
+    }
+
+    /// Reads the previous process's seal, for this syncer's first sync: kept for that sync
+    /// when it was written in this boot at the generation this process's kernel handle found
+    /// when it opened, and everything committed since is this process's own (which, before the
+    /// first sync, never touches our tables' elements). See [`seal`].
+    fn prepare_adoption(&mut self) -> Result<(), NftError> {
+        self.adoption = None;
+        if std::mem::replace(&mut self.synced_before, true) || self.trusted_generation.is_none() {
+            return Ok(());
+        }
+        let Some(text) = self.kernel.read_seal()? else {
+            return Ok(());
+        };
+        let Some(found) = Seal::parse(&text) else {
+            tracing::info!(
+                "the comment of table ip {} is not a seal this version writes; reading our \
+                 tables back",
+                nft::SEAL_TABLE
+            );
+            return Ok(());
+        };
+        let boot = seal::boot_id();
+        let opened = self.kernel.generation_at_open()?;
+        if boot.as_deref() != Some(found.boot.as_str()) || opened != Some(found.generation) {
+            tracing::info!(
+                sealed_generation = found.generation,
+                generation_at_start = opened,
+                same_boot = boot.as_deref() == Some(found.boot.as_str()),
+                "the seal the previous process left no longer holds (a commit since, or \
+                 another boot); reading our tables back"
+            );
+            return Ok(());
+        }
+        self.adoption = Some(found);
+        Ok(())
+    }
+
+    /// Leaves a seal for the next process (see [`seal`]) when the kernel certainly holds what
+    /// this syncer applied; `false` when it may not (nothing is written then) or when someone
+    /// else committed while the seal was written (the seal then never matches).
+    pub fn seal(&mut self) -> Result<bool, NftError> {
+        if !self.kernel_unchanged()? {
+            return Ok(false);
+        }
+        let (Some(boot), Some(now)) = (seal::boot_id(), self.trusted_generation) else {
+            return Ok(false);
+        };
+        let salt = seal::fresh_salt();
+        let digests = self
+            .applied
+            .iter()
+            .filter_map(|(f, t)| Some((*f, seal::digest(t.as_ref()?, salt))))
+            .collect();
+        // The seal's own transaction moves the generation by one (`nf_tables_commit`); the
+        // generation after it is what the next process must find.
+        let next = now.wrapping_add(1);
+        let Some(text) = (Seal {
+            boot,
+            generation: next,
+            salt,
+            digests,
+        })
+        .render() else {
+            return Ok(false);
+        };
+        self.kernel.write_seal(&text)?;
+        let after = self.kernel.generation()?;
+        self.trusted_generation = (after == next).then_some(after);
+        Ok(after == next)
     }
 
     /// Whether the kernel certainly still holds what this syncer last applied: nobody (not

@@ -298,6 +298,8 @@ fn switching_between_states_converges_to_exactly_the_new_golden() {
 fn cleanup_removes_our_tables_and_nothing_else() {
     let (ours, all) = in_netns(|| {
         once("clusterip");
+        let sealed = nft(&["list", "tables"]);
+        assert!(sealed.contains("table ip nodeproxy-seal\n"), "{sealed}");
         nft(&["add", "table", "inet", "other"]);
         nft(&["add", "table", "ip", "nodeproxy-not"]);
         let out = Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
@@ -314,6 +316,7 @@ fn cleanup_removes_our_tables_and_nothing_else() {
         (tables.clone(), tables)
     });
     assert!(!ours.contains("table ip nodeproxy\n") && !ours.contains("table ip6 nodeproxy\n"));
+    assert!(!ours.contains("nodeproxy-seal"), "the seal stayed:\n{ours}");
     assert!(all.contains("table inet other") && all.contains("table ip nodeproxy-not"));
 }
 

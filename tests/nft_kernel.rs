@@ -458,7 +458,6 @@ fn a_100k_element_table_loads_and_one_changed_element_is_one_delete_and_one_add(
 #[test]
 fn incremental_syncs_leave_the_kernel_as_a_full_build_describes_it() {
     in_netns(|| {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden");
         let mut incremental = 0;
         for case in [
             "source-ranges",
@@ -467,17 +466,7 @@ fn incremental_syncs_leave_the_kernel_as_a_full_build_describes_it() {
             "dualstack",
             "policies",
         ] {
-            let path = dir.join(format!("{case}.yaml"));
-            let args = std::fs::read_to_string(dir.join(format!("{case}.args"))).unwrap();
-            let argv = ["nodeproxy".to_string()]
-                .into_iter()
-                .chain(args.split_whitespace().map(String::from))
-                .map(std::ffi::OsString::from);
-            let config = nodeproxy::config::load(argv, &|_| None).unwrap().config;
-            let settings = Settings::new(&config, config.node_name().unwrap());
-            let original = nodeproxy::source::file::load_files(std::slice::from_ref(&path))
-                .unwrap()
-                .state;
+            let (original, settings) = golden_case(case);
             let mut k = NetlinkKernel::new().unwrap();
             k.delete_tables("nodeproxy").unwrap();
             let mut syncer = Syncer::new(k);
@@ -649,5 +638,96 @@ fn a_big_set_is_created_with_its_size_and_grows_past_three_quarters() {
         let out = syncer.sync(&st, &settings, true).unwrap();
         assert!(!out.drift_repaired, "{out}");
         assert_eq!(out.report.messages, 0, "{out}");
+    });
+}
+
+/// The cluster and settings of a golden fixture (`tests/fixtures/golden/<case>.yaml`).
+fn golden_case(case: &str) -> (nodeproxy::model::ClusterState, Settings) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden");
+    let args = std::fs::read_to_string(dir.join(format!("{case}.args"))).unwrap();
+    let argv = ["nodeproxy".to_string()]
+        .into_iter()
+        .chain(args.split_whitespace().map(String::from))
+        .map(std::ffi::OsString::from);
+    let config = nodeproxy::config::load(argv, &|_| None).unwrap().config;
+    let settings = Settings::new(&config, config.node_name().unwrap());
+    let state = nodeproxy::source::file::load_files(&[dir.join(format!("{case}.yaml"))])
+        .unwrap()
+        .state;
+    (state, settings)
+}
+
+/// Both of our tables as a fresh kernel gets them from a full build of `state`.
+fn tables_of(state: &nodeproxy::model::ClusterState, settings: &Settings) -> Vec<nft::WireTable> {
+    let mut reference = Syncer::new(FakeKernel::new());
+    reference.sync(state, settings, false).unwrap();
+    IpFamily::ALL
+        .iter()
+        .map(|&f| {
+            reference
+                .kernel()
+                .read_table(f, "nodeproxy")
+                .unwrap()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn kernel_tables() -> Vec<nft::WireTable> {
+    let mut k = NetlinkKernel::new().unwrap();
+    IpFamily::ALL
+        .iter()
+        .map(|&f| k.read_table(f, "nodeproxy").unwrap().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_sealed_restart_adopts_both_tables_and_any_commit_since_makes_it_read_back() {
+    in_netns(|| {
+        for case in ["dualstack", "affinity-all"] {
+            let (state, settings) = golden_case(case);
+            let mut k = NetlinkKernel::new().unwrap();
+            k.delete_tables("nodeproxy").unwrap();
+            let mut first = Syncer::new(k);
+            first.sync(&state, &settings, false).unwrap();
+            assert!(first.seal().unwrap(), "{case}");
+            drop(first);
+            let seal = nft(&["list", "table", "ip", nft::SEAL_TABLE]);
+            assert!(seal.contains("comment \"seal-v1 boot="), "{seal}");
+
+            // Nothing changed since: both tables adopted, nothing sent.
+            let mut second = Syncer::new(NetlinkKernel::new().unwrap());
+            let out = second.sync(&state, &settings, false).unwrap();
+            assert_eq!(out.report.tables_adopted, 2, "{case}: {out}");
+            assert_eq!(out.report.messages, 0, "{case}: {out}");
+            // What it believes it applied is what the kernel holds.
+            let verified = second.sync(&state, &settings, true).unwrap();
+            assert!(
+                !verified.drift_repaired && verified.report.messages == 0,
+                "{case}: {verified}"
+            );
+            assert!(second.seal().unwrap());
+            drop(second);
+            let want = kernel_tables();
+            assert!(want == tables_of(&state, &settings), "{case}");
+
+            // Someone else's change to an element of ours: read back and repaired.
+            nft(&["flush", "set", "ip", "nodeproxy", "cluster-ips"]);
+            let mut third = Syncer::new(NetlinkKernel::new().unwrap());
+            let out = third.sync(&state, &settings, false).unwrap();
+            assert_eq!(out.report.tables_adopted, 0, "{case}: {out}");
+            assert!(out.report.elements_added > 0, "{case}: {out}");
+            assert!(kernel_tables() == want, "{case}: repaired");
+            assert!(third.seal().unwrap());
+            drop(third);
+
+            // Anyone's commit, on a table of theirs: read back (nothing to repair).
+            nft(&["add", "table", "inet", "someone-else"]);
+            let mut fourth = Syncer::new(NetlinkKernel::new().unwrap());
+            let out = fourth.sync(&state, &settings, false).unwrap();
+            assert_eq!(out.report.tables_adopted, 0, "{case}: {out}");
+            assert_eq!(out.report.messages, 0, "{case}: {out}");
+            nft(&["delete", "table", "inet", "someone-else"]);
+        }
     });
 }

@@ -152,6 +152,21 @@ impl<K: Kernel> Writer<K> {
             // The loop only stops waiting for a reply when the daemon is exiting.
             let _ = req.reply.send(Reply { result, rejected });
         }
+        // The daemon is exiting and the rules stay: the next start adopts them without
+        // reading their elements back if nobody changes anything meanwhile (`sync::seal`).
+        self.progress.busy();
+        match self.syncer.seal() {
+            Ok(true) => tracing::info!("sealed our tables for the next start"),
+            Ok(false) => tracing::info!(
+                "our tables are not sealed: the kernel may have changed since our last sync, \
+                 so the next start reads them back"
+            ),
+            Err(e) => tracing::warn!(
+                "could not seal our tables (the next start reads them back): {}",
+                crate::report::chain(&e)
+            ),
+        }
+        self.progress.idle();
     }
 
     pub(super) fn handle(&mut self, work: Work) -> Result<Synced, NftError> {

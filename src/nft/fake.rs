@@ -19,6 +19,14 @@ pub struct FakeKernel {
     /// The ruleset generation: moves with every committed transaction, ours or, through
     /// [`FakeKernel::tables_mut`], someone else's.
     generation: u32,
+    /// The seal's text (`Kernel::write_seal`), as the comment of `SEAL_TABLE` would hold it.
+    pub seal: Option<String>,
+    /// Seals written: each is a transaction of its own, not counted in `transactions`.
+    pub seals_written: usize,
+    /// The generation when this "process" opened its handle, and its own commits since
+    /// ([`Kernel::generation_at_open`]); [`FakeKernel::reopen`] starts a new process.
+    opened_at: u32,
+    own_commits: u32,
 }
 
 use super::ReplyKind::{Busy, Exists, Invalid, NotFound};
@@ -45,6 +53,12 @@ fn kernel_accepts_table_update(cur: u32, want: u32) -> bool {
 impl FakeKernel {
     pub fn new() -> FakeKernel {
         FakeKernel::default()
+    }
+
+    /// The same kernel as a new process sees it: its handle opens at the current generation.
+    pub fn reopen(&mut self) {
+        self.opened_at = self.generation;
+        self.own_commits = 0;
     }
 
     /// The tables, to change them as another process would: the generation moves.
@@ -282,6 +296,7 @@ impl Kernel for FakeKernel {
                     self.tables = t;
                     self.transactions += 1;
                     self.generation = self.generation.wrapping_add(1);
+                    self.own_commits = self.own_commits.wrapping_add(1);
                     stats.messages += ops.len() + 2;
                 }
                 Err(errors) => return Err(NftError::Rejected { errors }),
@@ -303,5 +318,22 @@ impl Kernel for FakeKernel {
 
     fn generation(&mut self) -> Result<u32, NftError> {
         Ok(self.generation)
+    }
+
+    fn generation_at_open(&mut self) -> Result<Option<u32>, NftError> {
+        let now = self.opened_at.wrapping_add(self.own_commits);
+        Ok((self.generation == now).then_some(self.opened_at))
+    }
+
+    fn read_seal(&mut self) -> Result<Option<String>, NftError> {
+        Ok(self.seal.clone())
+    }
+
+    fn write_seal(&mut self, text: &str) -> Result<(), NftError> {
+        self.seal = Some(text.to_owned());
+        self.seals_written += 1;
+        self.generation = self.generation.wrapping_add(1);
+        self.own_commits = self.own_commits.wrapping_add(1);
+        Ok(())
     }
 }

@@ -119,6 +119,26 @@ impl<K: Kernel> Kernel for Faulty<K> {
         self.inner.delete_tables(name)
     }
 
+    fn read_table_definitions(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<WireTable>, NftError> {
+        self.inner.read_table_definitions(family, name)
+    }
+
+    fn generation_at_open(&mut self) -> Result<Option<u32>, NftError> {
+        self.inner.generation_at_open()
+    }
+
+    fn read_seal(&mut self) -> Result<Option<String>, NftError> {
+        self.inner.read_seal()
+    }
+
+    fn write_seal(&mut self, text: &str) -> Result<(), NftError> {
+        self.inner.write_seal(text)
+    }
+
     fn generation(&mut self) -> Result<u32, NftError> {
         self.inner.generation()
     }

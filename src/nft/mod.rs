@@ -233,7 +233,47 @@ pub trait Kernel {
     /// by any process and on any table, changes it; packet-path set updates do not. Equal
     /// before and after a period means nobody changed anything in that period.
     fn generation(&mut self) -> Result<u32, NftError>;
+    /// Reads our table back like [`Kernel::read_table`], but without the elements of its sets:
+    /// chains, rules and set definitions only. What an adoption the previous process sealed
+    /// needs (`sync::seal`): the elements are what cost (the kernel restarts its set walk for
+    /// every dump message), and the seal proves what they are.
+    fn read_table_definitions(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<WireTable>, NftError> {
+        let mut table = self.read_table(family, name)?;
+        for set in table.iter_mut().flat_map(|t| t.sets.values_mut()) {
+            set.elements.clear();
+        }
+        Ok(table)
+    }
+    /// The generation this handle found when it was opened, if every transaction committed
+    /// since is one of its own (`None` otherwise, or when it cannot tell): what a seal written
+    /// before this process started is checked against, since a process commits before its
+    /// first sync (capability probes, claiming its tables, removing kube-proxy's leftovers).
+    fn generation_at_open(&mut self) -> Result<Option<u32>, NftError> {
+        Ok(None)
+    }
+    /// The seal a previous process left ([`SEAL_TABLE`]'s comment); `None` when there is none,
+    /// or when this kernel keeps none (a preview, the test doubles).
+    fn read_seal(&mut self) -> Result<Option<String>, NftError> {
+        Ok(None)
+    }
+    /// Replaces the seal with `text`, in one transaction of its own. A kernel that keeps no
+    /// seal ignores it.
+    fn write_seal(&mut self, text: &str) -> Result<(), NftError> {
+        let _ = text;
+        Ok(())
+    }
 }
+
+/// The table holding the seal (`sync::seal`): `table ip nodeproxy-seal`, with no chains or sets
+/// and so no effect on any packet, its comment the seal. A table of its own because the
+/// kernel never updates a table's, set's or chain's comment in place (tested on 6.18: `nft add
+/// table ip t { comment "b"; }` on an existing table keeps its old comment), and replacing an
+/// element of our own table would make the seal part of the ruleset every sync compares.
+pub const SEAL_TABLE: &str = "nodeproxy-seal";
 
 /// A borrowed kernel is a kernel, so a caller can lend its handle to a one-shot sync and look at
 /// it afterwards.
@@ -250,6 +290,22 @@ impl<K: Kernel + ?Sized> Kernel for &mut K {
     fn generation(&mut self) -> Result<u32, NftError> {
         (**self).generation()
     }
+    fn read_table_definitions(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<WireTable>, NftError> {
+        (**self).read_table_definitions(family, name)
+    }
+    fn generation_at_open(&mut self) -> Result<Option<u32>, NftError> {
+        (**self).generation_at_open()
+    }
+    fn read_seal(&mut self) -> Result<Option<String>, NftError> {
+        (**self).read_seal()
+    }
+    fn write_seal(&mut self, text: &str) -> Result<(), NftError> {
+        (**self).write_seal(text)
+    }
 }
 
 /// What `sync` did, for logs, metrics and benchmarks.
@@ -265,6 +321,9 @@ pub struct SyncReport {
     pub tables_claimed: usize,
     /// Plans with nothing to do are not sent.
     pub empty_plans: usize,
+    /// Tables adopted on the previous process's seal: their elements were not read back
+    /// (`sync::seal`).
+    pub tables_adopted: usize,
     /// Lowering the IR.
     pub lower: Duration,
     /// Reading our tables back.
@@ -317,7 +376,15 @@ impl fmt::Display for SyncReport {
             ms(self.diff),
             ms(self.encode),
             ms(self.kernel),
-        )
+        )?;
+        if self.tables_adopted > 0 {
+            write!(
+                f,
+                "; adopted {} table(s) on the previous process's seal (elements not read back)",
+                self.tables_adopted
+            )?;
+        }
+        Ok(())
     }
 }
 

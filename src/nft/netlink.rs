@@ -18,7 +18,7 @@ use super::uapi::*;
 use super::wire::{
     self, WireChain, WireData, WireElem, WireHook, WireRule, WireSet, WireTable, nfproto,
 };
-use super::{ApplyStats, Kernel, NftError, RejectedOp, ReplyKind};
+use super::{ApplyStats, Kernel, NftError, RejectedOp, ReplyKind, SEAL_TABLE, udata};
 use crate::model::{IpFamily, ServicePortName};
 use crate::netlink::*;
 
@@ -55,6 +55,11 @@ pub struct NetlinkKernel {
     port: u32,
     seq: u32,
     rbuf: Vec<u8>,
+    /// The ruleset generation when this handle was opened.
+    opened_at: u32,
+    /// Transactions this handle committed since (probes, claims, syncs, seals): with
+    /// `opened_at`, whether anyone else committed since ([`Kernel::generation_at_open`]).
+    commits: u32,
 }
 
 /// A table's name and header from a GETTABLE dump.
@@ -77,12 +82,16 @@ impl NetlinkKernel {
         let mut addr = netlink_sys::SocketAddr::new(0, 0);
         sock.get_address(&mut addr)
             .map_err(io_err("getsockname of the netlink socket"))?;
-        Ok(NetlinkKernel {
+        let mut kernel = NetlinkKernel {
             sock,
             port: addr.port_number(),
             seq,
             rbuf: Vec::with_capacity(1 << 20),
-        })
+            opened_at: 0,
+            commits: 0,
+        };
+        kernel.opened_at = kernel.generation()?;
+        Ok(kernel)
     }
 
     fn next_seq(&mut self, n: usize) -> u32 {
@@ -224,10 +233,12 @@ impl NetlinkKernel {
         }
     }
 
+    /// One read of our table; without `elements`, its sets come back empty.
     fn read_table_once(
         &mut self,
         family: IpFamily,
         name: &str,
+        elements: bool,
     ) -> Result<Option<WireTable>, NftError> {
         let fam = nfproto(family);
         let Some(header) = self
@@ -351,7 +362,7 @@ impl NetlinkKernel {
             }
             // The packet path owns a dynamic set's elements (affinity entries): they are not
             // ours to compare or remove, and there may be many.
-            if set.is_dynamic() {
+            if set.is_dynamic() || !elements {
                 w.add_set(&sname, set);
                 continue;
             }
@@ -381,17 +392,78 @@ impl NetlinkKernel {
     }
 }
 
-impl Kernel for NetlinkKernel {
-    fn read_table(&mut self, family: IpFamily, name: &str) -> Result<Option<WireTable>, NftError> {
+impl NetlinkKernel {
+    fn read_table_retrying(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+        elements: bool,
+    ) -> Result<Option<WireTable>, NftError> {
         // A dump interrupted by a concurrent change is retried (NLM_F_DUMP_INTR).
         let mut last = NftError::Interrupted;
         for _ in 0..5 {
-            match self.read_table_once(family, name) {
+            match self.read_table_once(family, name, elements) {
                 Err(NftError::Interrupted) => last = NftError::Interrupted,
                 r => return r,
             }
         }
         Err(last)
+    }
+}
+
+impl Kernel for NetlinkKernel {
+    fn read_table(&mut self, family: IpFamily, name: &str) -> Result<Option<WireTable>, NftError> {
+        self.read_table_retrying(family, name, true)
+    }
+
+    fn read_table_definitions(
+        &mut self,
+        family: IpFamily,
+        name: &str,
+    ) -> Result<Option<WireTable>, NftError> {
+        self.read_table_retrying(family, name, false)
+    }
+
+    fn generation_at_open(&mut self) -> Result<Option<u32>, NftError> {
+        let now = self.generation()?;
+        Ok((now == self.opened_at.wrapping_add(self.commits)).then_some(self.opened_at))
+    }
+
+    fn read_seal(&mut self) -> Result<Option<String>, NftError> {
+        Ok(self
+            .table_headers(IpFamily::V4)?
+            .into_iter()
+            .find(|h| h.name == SEAL_TABLE)
+            .and_then(|h| udata::parse_comment(&h.userdata)))
+    }
+
+    fn write_seal(&mut self, text: &str) -> Result<(), NftError> {
+        let object = format!("table ip {SEAL_TABLE}");
+        let mut msgs = Vec::new();
+        if self.table_info(IpFamily::V4, SEAL_TABLE)?.is_some() {
+            let mut attrs = Vec::new();
+            put_str(&mut attrs, TABLE_NAME, SEAL_TABLE);
+            msgs.push(RawMsg {
+                ty: DELTABLE,
+                flags: 0,
+                family: nfproto(IpFamily::V4),
+                attrs,
+                op: "delete table",
+                object: object.clone(),
+            });
+        }
+        let mut attrs = Vec::new();
+        put_str(&mut attrs, TABLE_NAME, SEAL_TABLE);
+        put_attr(&mut attrs, TABLE_USERDATA, &udata::comment(text));
+        msgs.push(RawMsg {
+            ty: NEWTABLE,
+            flags: NLM_F_CREATE,
+            family: nfproto(IpFamily::V4),
+            attrs,
+            op: "add table",
+            object,
+        });
+        self.transact_raw(&msgs)
     }
 
     fn apply(&mut self, plan: &Plan<'_>) -> Result<ApplyStats, NftError> {

@@ -1561,3 +1561,134 @@ fn a_change_sync_leaving_a_sets_size_margin_goes_the_full_path_which_resizes() {
     assert_eq!(bulk_sets(syncer.kernel()), vec![(511, None); 3]);
     assert!(syncer.kernel().tables == full_tables(&st, &settings).tables);
 }
+
+/// A new process on the kernel the previous one left: its handle opens now.
+fn restart(syncer: &mut Syncer<FakeKernel>) -> Syncer<FakeKernel> {
+    let mut k = syncer.kernel().clone();
+    k.reopen();
+    Syncer::new(k)
+}
+
+fn clear_set(k: &mut FakeKernel, set: &str) {
+    k.tables
+        .get_mut(&(IpFamily::V4, "nodeproxy".to_string()))
+        .unwrap()
+        .sets
+        .get_mut(set)
+        .unwrap()
+        .elements
+        .clear();
+}
+
+#[test]
+fn a_restart_adopts_sealed_tables_without_reading_their_elements_and_verifies_later() {
+    let st = state();
+    let mut first = Syncer::new(FakeKernel::new());
+    first.sync(&st, &settings(), false).unwrap();
+    assert!(first.seal().unwrap());
+    assert_eq!(first.kernel().seals_written, 1);
+    assert!(
+        first.kernel_unchanged().unwrap(),
+        "the seal is our own commit"
+    );
+
+    // Nothing changed: both tables adopted, nothing to send, and a verification agrees.
+    let mut second = restart(&mut first);
+    let out = second.sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 2, "{out}");
+    assert_eq!(out.report.messages, 0, "{out}");
+    let verified = second.sync(&st, &settings(), true).unwrap();
+    assert_eq!(
+        verified.report.tables_adopted, 0,
+        "only a first sync adopts"
+    );
+    assert!(
+        !verified.drift_repaired && verified.report.messages == 0,
+        "{verified}"
+    );
+    assert!(second.seal().unwrap());
+
+    // The elements are really not read: an element removed without moving the generation
+    // (which a real kernel never does) goes unnoticed by the adoption, and is found by the next
+    // verification, which reads everything.
+    let mut third = restart(&mut second);
+    clear_set(third.kernel(), "cluster-ips");
+    let out = third.sync(&st, &settings(), false).unwrap();
+    assert_eq!(
+        (out.report.tables_adopted, out.report.elements_added),
+        (2, 0),
+        "{out}"
+    );
+    let verified = third.sync(&st, &settings(), true).unwrap();
+    assert!(verified.drift_repaired, "{verified}");
+    assert_eq!(verified.report.elements_added, 2, "{verified}");
+    assert!(third.kernel().tables == full_tables(&st, &settings()).tables);
+}
+
+#[test]
+fn a_seal_is_not_trusted_after_anyone_elses_commit_in_another_boot_or_for_other_elements() {
+    let st = state();
+    let mut first = Syncer::new(FakeKernel::new());
+    first.sync(&st, &settings(), false).unwrap();
+    assert!(first.seal().unwrap());
+    let sealed = first.kernel().clone();
+    let full = full_tables(&st, &settings()).tables;
+
+    // Someone else's change to our table moves the generation: read back and repaired.
+    let mut k = sealed.clone();
+    k.tables_mut();
+    clear_set(&mut k, "cluster-ips");
+    k.reopen();
+    let mut second = Syncer::new(k);
+    let out = second.sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 0, "{out}");
+    assert_eq!(out.report.elements_added, 2, "{out}");
+    assert!(second.kernel().tables == full);
+
+    // Anyone's commit after our handle opened, even on nothing of ours, too.
+    let mut k = sealed.clone();
+    k.reopen();
+    let mut second = Syncer::new(k);
+    second.kernel().tables_mut();
+    let out = second.sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 0, "{out}");
+
+    // A seal of another boot (a ruleset saved and restored after a reboot).
+    let mut k = sealed.clone();
+    let text = k.seal.clone().unwrap();
+    let boot = seal::boot_id().unwrap();
+    k.seal = Some(text.replace(&boot, &"0".repeat(32)));
+    k.reopen();
+    let out = Syncer::new(k).sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 0, "{out}");
+
+    // Other elements wanted (an endpoint moved): that table is read back, and the result is
+    // what a full build from scratch gives.
+    let mut moved = st.clone();
+    let slice = moved.slices.values_mut().next().unwrap();
+    slice.endpoints[0].addr = "198.51.100.99".parse().unwrap();
+    let mut k = sealed;
+    k.reopen();
+    let mut second = Syncer::new(k);
+    let out = second.sync(&moved, &settings(), false).unwrap();
+    assert_eq!(
+        out.report.tables_adopted, 1,
+        "the ip6 table is the sealed one: {out}"
+    );
+    assert!(out.report.elements_added > 0, "{out}");
+    assert!(second.kernel().tables == full_tables(&moved, &settings()).tables);
+}
+
+#[test]
+fn once_seals_and_the_next_once_adopts() {
+    let mut k = FakeKernel::new();
+    let reload = || -> Result<ClusterState, NftError> { Ok(state()) };
+    let out = super::once(&mut k, state(), &settings(), reload).unwrap();
+    assert_eq!(out.report.tables_adopted, 0, "{out}");
+    assert_eq!(k.seals_written, 1);
+    k.reopen();
+    let out = super::once(&mut k, state(), &settings(), reload).unwrap();
+    assert_eq!(out.report.tables_adopted, 2, "{out}");
+    assert_eq!(out.report.messages, 0, "{out}");
+    assert_eq!(k.seals_written, 2);
+}

@@ -336,6 +336,37 @@ pub fn check(data: &[u8]) {
             differences(step.kernel(), &fresh)
         );
 
+        // A restart after a clean exit: the next process adopts on the seal what it wants
+        // unchanged (here: all of `next`), reads back what it does not (going back to `a`), and
+        // either way ends where a fresh kernel given its state does.
+        assert!(
+            step.seal()
+                .unwrap_or_else(|e| panic!("step {i}: seal: {e}")),
+            "step {i}: only our commits, yet no seal"
+        );
+        let mut kernel = step.kernel().clone();
+        kernel.reopen();
+        let mut restarted = Syncer::new(kernel);
+        let (target, expected) = if i % 2 == 0 {
+            (next, fresh.clone())
+        } else {
+            let mut expected = FakeKernel::new();
+            nft::sync(&mut expected, ruleset::build(a, &settings))
+                .unwrap_or_else(|e| panic!("step {i}: fresh sync of the earlier state: {e}"));
+            (a, expected)
+        };
+        let out = restarted
+            .sync(target, &settings, false)
+            .unwrap_or_else(|e| panic!("step {i}: sync after a restart: {e}"));
+        if i % 2 == 0 {
+            assert_eq!(out.report.tables_adopted, 2, "step {i}: {out}");
+        }
+        assert!(
+            restarted.kernel().tables == expected.tables,
+            "step {i}: the kernel after a restart differs from a fresh kernel:\n{}",
+            differences(restarted.kernel(), &expected)
+        );
+
         let changed = changed(a, next);
         match inc
             .sync_changed(&next.subset(&changed), &changed, &settings)

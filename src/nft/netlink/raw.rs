@@ -76,8 +76,8 @@ impl NetlinkKernel {
                 None => ("batch", format!("message seq {seq}"), None),
             }
         };
-        self.send_and_drain(&buf, end_seq, 1, blame)?
-            .outcome()
-            .map(|_| ())
+        self.send_and_drain(&buf, end_seq, 1, blame)?.outcome()?;
+        self.commits = self.commits.wrapping_add(1);
+        Ok(())
     }
 }

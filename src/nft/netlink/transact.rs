@@ -169,6 +169,7 @@ impl NetlinkKernel {
         stats.kernel += t1.elapsed();
         match replies?.outcome() {
             Ok(end_acked) => {
+                self.commits = self.commits.wrapping_add(1);
                 // Kernels before 6.10 do not ack BATCH_END at all: no error is success there.
                 stats.batch_end_acked |= end_acked;
                 Ok(())
