@@ -186,8 +186,13 @@ pub fn once<K: Kernel, E: From<NftError>>(
             Ok(()) => {
                 // For the next process (the daemon, or `--once` again): a failure to seal
                 // only costs that process a full read-back.
+                let t = Instant::now();
                 match syncer.seal() {
-                    Ok(sealed) => tracing::debug!(sealed, "sealed our tables for the next start"),
+                    Ok(sealed) => tracing::debug!(
+                        sealed,
+                        ms = format!("{:.1}", t.elapsed().as_secs_f64() * 1e3),
+                        "sealed our tables for the next start"
+                    ),
                     Err(e) => tracing::warn!(
                         "could not seal our tables for the next start (it will read them back): {}",
                         crate::report::chain(&e)
