@@ -578,8 +578,8 @@ fn add_bulk(
                 },
                 node_name: Some("node-b".into()),
                 zone: None,
-                zone_hints: vec![],
-                node_hints: vec![],
+                zone_hints: Box::default(),
+                node_hints: Box::default(),
             }],
         };
         st.slices.insert(slice.name.clone(), slice);

@@ -248,14 +248,16 @@ pub struct SlicePort {
     pub port: u16,
 }
 
+/// One endpoint of a slice. Boxed strings and slices rather than `String` and `Vec`: 88 bytes
+/// instead of 120 per endpoint, and a cluster has far more endpoints than anything else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceEndpoint {
     pub addr: IpAddr,
     pub conditions: Conditions,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
-    pub zone_hints: Vec<String>,
-    pub node_hints: Vec<String>,
+    pub node_name: Option<Box<str>>,
+    pub zone: Option<Box<str>>,
+    pub zone_hints: Box<[String]>,
+    pub node_hints: Box<[String]>,
 }
 
 /// The proxy's own Node.

@@ -28,8 +28,8 @@ fn endpoints_prefer_non_terminating_duplicate() {
             },
             node_name: None,
             zone: None,
-            zone_hints: vec![],
-            node_hints: vec![],
+            zone_hints: Box::default(),
+            node_hints: Box::default(),
         }],
     };
     let mut state = ClusterState::default();

@@ -47,8 +47,8 @@ pub(crate) fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint:
             },
             node_name: Some("node-b".into()),
             zone: None,
-            zone_hints: vec![],
-            node_hints: vec![],
+            zone_hints: Box::default(),
+            node_hints: Box::default(),
         }],
     };
     state.slices.insert(slice.name.clone(), slice);
@@ -643,16 +643,16 @@ fn random_endpoint(rng: &mut Rng, i: usize, family: IpFamily) -> SliceEndpoint {
             2 | 3 => Some("node-b".into()),
             _ => None,
         },
-        zone: Some(rng.pick(&["zone-a", "zone-b"]).to_string()),
+        zone: Some((*rng.pick(&["zone-a", "zone-b"])).into()),
         zone_hints: if hinted {
-            vec![rng.pick(&["zone-a", "zone-b"]).to_string()]
+            [rng.pick(&["zone-a", "zone-b"]).to_string()].into()
         } else {
-            vec![]
+            Box::default()
         },
         node_hints: if rng.chance(1, 8) {
-            vec![rng.pick(&["node-a", "node-b"]).to_string()]
+            [rng.pick(&["node-a", "node-b"]).to_string()].into()
         } else {
-            vec![]
+            Box::default()
         },
     }
 }
@@ -739,9 +739,9 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                                 }
                                 _ => {
                                     ep.zone_hints = if ep.zone_hints.is_empty() {
-                                        vec!["zone-a".into()]
+                                        ["zone-a".into()].into()
                                     } else {
-                                        vec![]
+                                        Box::default()
                                     }
                                 }
                             }

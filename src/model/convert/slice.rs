@@ -155,8 +155,12 @@ pub fn endpoint_slice_noting(
         endpoints.push(SliceEndpoint {
             addr,
             conditions,
-            node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
-            zone: ep.zone.clone().filter(|z| !z.is_empty()),
+            node_name: ep
+                .node_name
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .map(Box::from),
+            zone: ep.zone.as_deref().filter(|z| !z.is_empty()).map(Box::from),
             zone_hints: hints
                 .and_then(|h| h.for_zones.as_ref())
                 .map(|z| z.iter().map(|z| z.name.clone()).collect())

@@ -95,8 +95,8 @@ fn state(endpoints: &[&str]) -> ClusterState {
                 },
                 node_name: Some("node-b".into()),
                 zone: None,
-                zone_hints: vec![],
-                node_hints: vec![],
+                zone_hints: Box::default(),
+                node_hints: Box::default(),
             }],
         };
         st.slices.insert(slice.name.clone(), slice);
