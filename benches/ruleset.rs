@@ -95,8 +95,7 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                         format!("node-{}", slot % 1000).into()
                     }),
                     zone: None,
-                    zone_hints: Box::default(),
-                    node_hints: Box::default(),
+                    hints: None,
                 }
             })
             .collect();

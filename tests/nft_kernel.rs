@@ -578,8 +578,7 @@ fn add_bulk(
                 },
                 node_name: Some("node-b".into()),
                 zone: None,
-                zone_hints: Box::default(),
-                node_hints: Box::default(),
+                hints: None,
             }],
         };
         st.slices.insert(slice.name.clone(), slice);

@@ -358,8 +358,7 @@ fn ep(addr: &str, node: &str, ready: bool) -> SliceEndpoint {
         },
         node_name: Some(node.into()),
         zone: None,
-        zone_hints: Box::default(),
-        node_hints: Box::default(),
+        hints: None,
     }
 }
 
@@ -656,8 +655,7 @@ fn random_slice(rng: &mut Rng, n: usize) -> EndpointSlice {
                     .pick(&[Some("node-a"), Some("node-b"), None])
                     .map(Box::from),
                 zone: None,
-                zone_hints: Box::default(),
-                node_hints: Box::default(),
+                hints: None,
             }
         })
         .collect();

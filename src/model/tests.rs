@@ -28,8 +28,7 @@ fn endpoints_prefer_non_terminating_duplicate() {
             },
             node_name: None,
             zone: None,
-            zone_hints: Box::default(),
-            node_hints: Box::default(),
+            hints: None,
         }],
     };
     let mut state = ClusterState::default();

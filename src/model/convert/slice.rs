@@ -161,14 +161,16 @@ pub fn endpoint_slice_noting(
                 .filter(|n| !n.is_empty())
                 .map(Box::from),
             zone: ep.zone.as_deref().filter(|z| !z.is_empty()).map(Box::from),
-            zone_hints: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                .unwrap_or_default(),
-            node_hints: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .map(|n| n.iter().map(|n| n.name.clone()).collect())
-                .unwrap_or_default(),
+            hints: Hints::new(
+                hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                    .unwrap_or_default(),
+                hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                    .unwrap_or_default(),
+            ),
         });
     }
 

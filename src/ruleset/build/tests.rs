@@ -65,8 +65,7 @@ fn slice(
                 },
                 node_name: node.map(Box::from),
                 zone: None,
-                zone_hints: Box::default(),
-                node_hints: Box::default(),
+                hints: None,
             })
             .collect(),
     }
