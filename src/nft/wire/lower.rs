@@ -393,7 +393,7 @@ pub(super) fn lower_set<E: Borrow<Element>>(
         }
     };
     let mut wire_elements = Elements::default();
-    let mut comments: HashMap<Arc<str>, Arc<[u8]>> = HashMap::new();
+    let mut comments: HashMap<Arc<str>, Arc<Vec<u8>>> = HashMap::new();
     for e in elements {
         let e = e.borrow();
         let bad = |reason: String| NftError::Invalid {
@@ -403,7 +403,9 @@ pub(super) fn lower_set<E: Borrow<Element>>(
         };
         let key = encode_atoms(family, &set.key, &e.key).map_err(bad)?;
         let key_end = if interval {
-            Some(encode_atoms_at(family, &set.key, &e.key, true).map_err(bad)?)
+            Some(Box::new(
+                encode_atoms_at(family, &set.key, &e.key, true).map_err(bad)?,
+            ))
         } else {
             None
         };
@@ -427,7 +429,7 @@ pub(super) fn lower_set<E: Borrow<Element>>(
         let userdata = e.comment.as_ref().filter(|c| !c.is_empty()).map(|c| {
             comments
                 .entry(c.clone())
-                .or_insert_with(|| Arc::from(udata::comment(c)))
+                .or_insert_with(|| Arc::new(udata::comment(c)))
                 .clone()
         });
         let elem = WireElem {
@@ -461,8 +463,8 @@ pub(super) fn lower_set<E: Borrow<Element>>(
 /// keys leave each B-tree leaf about half full (6 of 11 slots), and the applied tables the
 /// daemon keeps were ~40 % larger for it.
 enum Elements {
-    Ascending(Vec<(Box<[u8]>, WireElem)>),
-    Map(BTreeMap<Box<[u8]>, WireElem>),
+    Ascending(Vec<(ElemBytes, WireElem)>),
+    Map(BTreeMap<ElemBytes, WireElem>),
 }
 
 impl Default for Elements {
@@ -473,7 +475,7 @@ impl Default for Elements {
 
 impl Elements {
     /// Adds an element; `false` if its key is already there.
-    fn insert(&mut self, key: Box<[u8]>, elem: WireElem) -> bool {
+    fn insert(&mut self, key: ElemBytes, elem: WireElem) -> bool {
         match self {
             Elements::Ascending(v) if v.last().is_none_or(|(last, _)| *last < key) => {
                 v.push((key, elem));
@@ -489,7 +491,7 @@ impl Elements {
         }
     }
 
-    fn into_map(self) -> BTreeMap<Box<[u8]>, WireElem> {
+    fn into_map(self) -> BTreeMap<ElemBytes, WireElem> {
         match self {
             Elements::Ascending(v) => v.into_iter().collect(),
             Elements::Map(m) => m,

@@ -126,7 +126,7 @@ pub(super) fn claim_keys(svc: &Service) -> Vec<ClaimKey> {
 pub(super) struct Layout {
     /// Elements not built for a Service (the Node's addresses), by set: they never change
     /// without a Node or settings change.
-    pub(super) unowned: BTreeMap<String, BTreeMap<Box<[u8]>, WireElem>>,
+    pub(super) unowned: BTreeMap<String, BTreeMap<ElemBytes, WireElem>>,
     /// How many elements' verdicts go to each chain.
     pub(super) verdicts: HashMap<String, usize>,
     /// Per chain: the objects beyond the fixed ones that its rules reach (itself included if it
@@ -164,7 +164,7 @@ impl Baseline {
         for family in IpFamily::ALL {
             let table = applied.get(&family)?.as_ref()?;
             let fixed = fixed.remove(&family).unwrap_or_default();
-            let mut unowned: BTreeMap<String, BTreeMap<Box<[u8]>, WireElem>> = BTreeMap::new();
+            let mut unowned: BTreeMap<String, BTreeMap<ElemBytes, WireElem>> = BTreeMap::new();
             let mut verdicts: HashMap<String, usize> = HashMap::new();
             for (name, set) in &table.sets {
                 if set.is_dynamic() {
@@ -450,7 +450,7 @@ impl Baseline {
 
     /// Where the index finds each origin's elements differently from a walk over `applied`.
     fn index_differences(&self, applied: &BTreeMap<IpFamily, Option<WireTable>>) -> Vec<String> {
-        type Found = BTreeSet<(IpFamily, String, Box<[u8]>)>;
+        type Found = BTreeSet<(IpFamily, String, ElemBytes)>;
         let mut walked: BTreeMap<OriginAddr, Found> = BTreeMap::new();
         for table in applied.values().flatten() {
             for (name, set) in &table.sets {
