@@ -92,11 +92,10 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                     node_name: Some(if slot.is_multiple_of(1000) {
                         "node-a".into()
                     } else {
-                        format!("node-{}", slot % 1000)
+                        format!("node-{}", slot % 1000).into()
                     }),
                     zone: None,
-                    zone_hints: vec![],
-                    node_hints: vec![],
+                    hints: None,
                 }
             })
             .collect();

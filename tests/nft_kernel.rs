@@ -567,8 +567,7 @@ fn add_bulk(
                 },
                 node_name: Some("node-b".into()),
                 zone: None,
-                zone_hints: vec![],
-                node_hints: vec![],
+                hints: None,
             }],
         };
         st.slices.insert(slice.name.clone(), slice);

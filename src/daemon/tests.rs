@@ -358,8 +358,7 @@ fn ep(addr: &str, node: &str, ready: bool) -> SliceEndpoint {
         },
         node_name: Some(node.into()),
         zone: None,
-        zone_hints: vec![],
-        node_hints: vec![],
+        hints: None,
     }
 }
 
@@ -654,10 +653,9 @@ fn random_slice(rng: &mut Rng, n: usize) -> EndpointSlice {
                 },
                 node_name: rng
                     .pick(&[Some("node-a"), Some("node-b"), None])
-                    .map(str::to_owned),
+                    .map(Box::from),
                 zone: None,
-                zone_hints: vec![],
-                node_hints: vec![],
+                hints: None,
             }
         })
         .collect();

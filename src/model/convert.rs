@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 
 use super::{
-    Conditions, EndpointSlice, IpFamily, Node, Protocol, Rejected, Service, ServiceName,
+    Conditions, EndpointSlice, Hints, IpFamily, Node, Protocol, Rejected, Service, ServiceName,
     ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 

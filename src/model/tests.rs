@@ -28,8 +28,7 @@ fn endpoints_prefer_non_terminating_duplicate() {
             },
             node_name: None,
             zone: None,
-            zone_hints: vec![],
-            node_hints: vec![],
+            hints: None,
         }],
     };
     let mut state = ClusterState::default();

@@ -494,7 +494,7 @@ fn element_changes(
 /// after `to`).
 fn element_text(def: &WireSet, key: &[u8], elem: &WireElem) -> String {
     let mut text = def.format_key(key);
-    if let Some(end) = elem.key_end.as_deref().filter(|end| *end != key) {
+    if let Some(end) = elem.key_end.as_deref().filter(|end| &end[..] != key) {
         let _ = write!(text, " to {}", def.format_key(end));
     }
     if let Some(data) = &elem.data {
@@ -524,7 +524,7 @@ fn was_text(def: &WireSet, old: &WireElem, new: &WireElem) -> String {
         let comment = old
             .userdata
             .as_deref()
-            .and_then(udata::parse_comment)
+            .and_then(|u| udata::parse_comment(u))
             .unwrap_or_default();
         parts.push(format!("comment was {comment:?}"));
     }

@@ -196,7 +196,7 @@ pub struct WireSet {
     /// The declared size (`NFTA_SET_DESC_SIZE`), which is also the kernel's maximum number of
     /// elements; `None` for none. See [`size_sets`].
     pub size: Option<u32>,
-    pub elements: BTreeMap<Box<[u8]>, WireElem>,
+    pub elements: BTreeMap<ElemBytes, WireElem>,
 }
 
 impl WireSet {
@@ -268,11 +268,14 @@ impl WireSet {
 
 #[derive(Debug, Clone)]
 pub struct WireElem {
-    /// The last key of a range element (`NFTA_SET_ELEM_KEY_END`), in interval sets.
-    pub key_end: Option<Box<[u8]>>,
+    /// The last key of a range element (`NFTA_SET_ELEM_KEY_END`), in interval sets. Boxed: few
+    /// elements have one, and a thin pointer keeps the element at 56 bytes (a B-tree node of
+    /// eleven keys and elements then fits jemalloc's 896-byte class).
+    pub key_end: Option<Box<ElemBytes>>,
     pub data: Option<WireData>,
-    /// Shared: the elements of one Service port carry the same comment.
-    pub userdata: Option<Arc<[u8]>>,
+    /// Shared: the elements of one Service port carry the same comment. A thin pointer (an
+    /// `Arc<[u8]>` is two words), for the element's size: see `key_end`.
+    pub userdata: Option<Arc<Vec<u8>>>,
     /// The Service port the element was built for; never sent, not compared.
     pub origin: Option<Arc<ServicePortName>>,
 }
@@ -286,7 +289,7 @@ impl Eq for WireElem {}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireData {
-    Value(Box<[u8]>),
+    Value(ElemBytes),
     Verdict { code: i32, chain: Option<Arc<str>> },
 }
 
@@ -300,6 +303,7 @@ impl WireData {
 }
 
 mod atoms;
+mod bytes;
 mod data;
 pub(crate) mod expr;
 mod lower;
@@ -308,6 +312,7 @@ mod size;
 use atoms::*;
 pub(crate) use atoms::{addr_offset, concat_type};
 pub use atoms::{decode_atoms, format_concat, hex};
+pub use bytes::ElemBytes;
 use data::*;
 pub use data::{encode_data, parse_data};
 pub use expr::kind_names;

@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use super::{SyncOutcome, Syncer, without};
 use crate::model::{ClusterState, IpFamily, Node, Protocol, Service, ServiceName, ServicePortName};
-use crate::nft::{self, Kernel, NftError, WireElem, WireSet, WireTable};
+use crate::nft::{self, ElemBytes, Kernel, NftError, WireElem, WireSet, WireTable};
 use crate::ruleset::{self, Contested, Settings};
 
 /// What an incremental attempt did.
@@ -63,7 +63,7 @@ pub(super) use index::SLACK;
 use index::{OriginAddr, address};
 
 /// (set name, key, element).
-type Entry = (String, Box<[u8]>, WireElem);
+type Entry = (String, ElemBytes, WireElem);
 
 /// The elements of the changed Services in one family's table, before and after.
 struct Delta {
@@ -359,7 +359,7 @@ fn delta(
         verdicts: HashMap::new(),
         support: HashMap::new(),
     };
-    let mut unowned: BTreeMap<String, BTreeMap<Box<[u8]>, WireElem>> = BTreeMap::new();
+    let mut unowned: BTreeMap<String, BTreeMap<ElemBytes, WireElem>> = BTreeMap::new();
     for (name, set) in want.sets {
         if set.is_dynamic() {
             continue;

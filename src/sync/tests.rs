@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use super::*;
 use crate::config::Config;
 use crate::model::{
-    Conditions, Node, Protocol, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+    Conditions, Hints, Node, Protocol, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 use crate::nft::{ApplyStats, FakeKernel, Op, Plan, RejectedOp};
 use crate::sync::incremental;
@@ -47,8 +47,7 @@ pub(crate) fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint:
             },
             node_name: Some("node-b".into()),
             zone: None,
-            zone_hints: vec![],
-            node_hints: vec![],
+            hints: None,
         }],
     };
     state.slices.insert(slice.name.clone(), slice);
@@ -643,17 +642,19 @@ fn random_endpoint(rng: &mut Rng, i: usize, family: IpFamily) -> SliceEndpoint {
             2 | 3 => Some("node-b".into()),
             _ => None,
         },
-        zone: Some(rng.pick(&["zone-a", "zone-b"]).to_string()),
-        zone_hints: if hinted {
-            vec![rng.pick(&["zone-a", "zone-b"]).to_string()]
-        } else {
-            vec![]
-        },
-        node_hints: if rng.chance(1, 8) {
-            vec![rng.pick(&["node-a", "node-b"]).to_string()]
-        } else {
-            vec![]
-        },
+        zone: Some((*rng.pick(&["zone-a", "zone-b"])).into()),
+        hints: Hints::new(
+            if hinted {
+                vec![rng.pick(&["zone-a", "zone-b"]).to_string()]
+            } else {
+                vec![]
+            },
+            if rng.chance(1, 8) {
+                vec![rng.pick(&["node-a", "node-b"]).to_string()]
+            } else {
+                vec![]
+            },
+        ),
     }
 }
 
@@ -738,11 +739,12 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                                     }
                                 }
                                 _ => {
-                                    ep.zone_hints = if ep.zone_hints.is_empty() {
+                                    let zones = if ep.zone_hints().is_empty() {
                                         vec!["zone-a".into()]
                                     } else {
                                         vec![]
-                                    }
+                                    };
+                                    ep.hints = Hints::new(zones, ep.node_hints().to_vec());
                                 }
                             }
                         }

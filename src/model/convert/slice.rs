@@ -155,16 +155,22 @@ pub fn endpoint_slice_noting(
         endpoints.push(SliceEndpoint {
             addr,
             conditions,
-            node_name: ep.node_name.clone().filter(|n| !n.is_empty()),
-            zone: ep.zone.clone().filter(|z| !z.is_empty()),
-            zone_hints: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                .unwrap_or_default(),
-            node_hints: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .map(|n| n.iter().map(|n| n.name.clone()).collect())
-                .unwrap_or_default(),
+            node_name: ep
+                .node_name
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .map(Box::from),
+            zone: ep.zone.as_deref().filter(|z| !z.is_empty()).map(Box::from),
+            hints: Hints::new(
+                hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                    .unwrap_or_default(),
+                hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                    .unwrap_or_default(),
+            ),
         });
     }
 

@@ -497,8 +497,7 @@ fn a_valid_slice_converts() {
             },
             node_name: Some("node-a".into()),
             zone: Some("zone-a".into()),
-            zone_hints: vec![],
-            node_hints: vec![],
+            hints: None,
         }]
     );
 }
@@ -658,8 +657,8 @@ fn zone_and_node_hints_are_kept() {
         "addresses": ["10.244.1.5"],
         "hints": {"forZones": [{"name": "zone-a"}, {"name": "zone-b"}], "forNodes": [{"name": "node-a"}]},
     }]}));
-    assert_eq!(s.endpoints[0].zone_hints, ["zone-a", "zone-b"]);
-    assert_eq!(s.endpoints[0].node_hints, ["node-a"]);
+    assert_eq!(s.endpoints[0].zone_hints(), ["zone-a", "zone-b"]);
+    assert_eq!(s.endpoints[0].node_hints(), ["node-a"]);
     assert_eq!(s.endpoints[0].node_name, None);
 }
 

@@ -2,6 +2,7 @@
 //! (size, concatenation) and elements of a dump.
 
 use super::*;
+use crate::nft::ElemBytes;
 
 /// Runs every decoder of kernel replies over arbitrary bytes, as `read_table`, `dump` and the
 /// error path would meet them: netlink framing, error codes and extended acks, attributes, set
@@ -97,8 +98,8 @@ pub(super) fn parse_desc(desc: &[u8]) -> (Option<u32>, Vec<u32>) {
 pub(super) fn parse_elem(
     e: &[u8],
     chains: &mut BTreeMap<String, Arc<str>>,
-    comments: &mut HashMap<Box<[u8]>, Arc<[u8]>>,
-) -> Option<(Box<[u8]>, WireElem)> {
+    comments: &mut HashMap<Box<[u8]>, Arc<Vec<u8>>>,
+) -> Option<(ElemBytes, WireElem)> {
     let mut key = None;
     let mut elem = WireElem {
         key_end: None,
@@ -115,7 +116,7 @@ pub(super) fn parse_elem(
             }
             ELEM_KEY_END => {
                 if let Some(WireData::Value(v)) = wire::parse_data(p) {
-                    elem.key_end = Some(v);
+                    elem.key_end = Some(Box::new(v));
                 }
             }
             ELEM_DATA => {
@@ -137,7 +138,7 @@ pub(super) fn parse_elem(
                 elem.userdata = Some(match comments.get(p) {
                     Some(shared) => shared.clone(),
                     None => {
-                        let shared: Arc<[u8]> = Arc::from(p);
+                        let shared = Arc::new(p.to_vec());
                         comments.insert(p.into(), shared.clone());
                         shared
                     }

@@ -74,7 +74,7 @@ pub(super) fn encode_atoms(
     family: IpFamily,
     fields: &[KeyField],
     atoms: &[Atom],
-) -> Result<Box<[u8]>, String> {
+) -> Result<ElemBytes, String> {
     encode_atoms_at(family, fields, atoms, false)
 }
 
@@ -85,7 +85,7 @@ pub(super) fn encode_atoms_at(
     fields: &[KeyField],
     atoms: &[Atom],
     end: bool,
-) -> Result<Box<[u8]>, String> {
+) -> Result<ElemBytes, String> {
     if fields.len() != atoms.len() {
         return Err(format!(
             "has {} fields, its set has {}",
@@ -129,7 +129,7 @@ pub(super) fn encode_atoms_at(
             out.resize(start + pad4_len(l), 0);
         }
     }
-    Ok(out.into_boxed_slice())
+    Ok(out.into())
 }
 
 /// The inverse of [`encode_atoms`] for exact values (no ranges): the atoms `bytes` hold for

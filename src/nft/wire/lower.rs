@@ -392,8 +392,8 @@ pub(super) fn lower_set<E: Borrow<Element>>(
             (SET_F_MAP, Some(t), Some(l))
         }
     };
-    let mut wire_elements = BTreeMap::new();
-    let mut comments: HashMap<Arc<str>, Arc<[u8]>> = HashMap::new();
+    let mut wire_elements = Elements::default();
+    let mut comments: HashMap<Arc<str>, Arc<Vec<u8>>> = HashMap::new();
     for e in elements {
         let e = e.borrow();
         let bad = |reason: String| NftError::Invalid {
@@ -403,7 +403,9 @@ pub(super) fn lower_set<E: Borrow<Element>>(
         };
         let key = encode_atoms(family, &set.key, &e.key).map_err(bad)?;
         let key_end = if interval {
-            Some(encode_atoms_at(family, &set.key, &e.key, true).map_err(bad)?)
+            Some(Box::new(
+                encode_atoms_at(family, &set.key, &e.key, true).map_err(bad)?,
+            ))
         } else {
             None
         };
@@ -427,7 +429,7 @@ pub(super) fn lower_set<E: Borrow<Element>>(
         let userdata = e.comment.as_ref().filter(|c| !c.is_empty()).map(|c| {
             comments
                 .entry(c.clone())
-                .or_insert_with(|| Arc::from(udata::comment(c)))
+                .or_insert_with(|| Arc::new(udata::comment(c)))
                 .clone()
         });
         let elem = WireElem {
@@ -436,10 +438,11 @@ pub(super) fn lower_set<E: Borrow<Element>>(
             userdata,
             origin: e.origin.clone(),
         };
-        if wire_elements.insert(key, elem).is_some() {
+        if !wire_elements.insert(key, elem) {
             return Err(bad("duplicate key".into()));
         }
     }
+    let wire_elements = wire_elements.into_map();
     Ok(WireSet {
         flags: flags | kind_flags,
         key_type,
@@ -452,6 +455,48 @@ pub(super) fn lower_set<E: Borrow<Element>>(
         size: set.fresh_size(),
         elements: wire_elements,
     })
+}
+
+/// A set's elements as they are lowered. Keys usually come in ascending order (the IR's
+/// elements are sorted, and most keys encode in the same order); those are kept in a vector
+/// and built into the map in one go, which fills its nodes: inserted one by one, ascending
+/// keys leave each B-tree leaf about half full (6 of 11 slots), and the applied tables the
+/// daemon keeps were ~40 % larger for it.
+enum Elements {
+    Ascending(Vec<(ElemBytes, WireElem)>),
+    Map(BTreeMap<ElemBytes, WireElem>),
+}
+
+impl Default for Elements {
+    fn default() -> Elements {
+        Elements::Ascending(Vec::new())
+    }
+}
+
+impl Elements {
+    /// Adds an element; `false` if its key is already there.
+    fn insert(&mut self, key: ElemBytes, elem: WireElem) -> bool {
+        match self {
+            Elements::Ascending(v) if v.last().is_none_or(|(last, _)| *last < key) => {
+                v.push((key, elem));
+                true
+            }
+            Elements::Ascending(v) => {
+                let mut m: BTreeMap<_, _> = std::mem::take(v).into_iter().collect();
+                let fresh = m.insert(key, elem).is_none();
+                *self = Elements::Map(m);
+                fresh
+            }
+            Elements::Map(m) => m.insert(key, elem).is_none(),
+        }
+    }
+
+    fn into_map(self) -> BTreeMap<ElemBytes, WireElem> {
+        match self {
+            Elements::Ascending(v) => v.into_iter().collect(),
+            Elements::Map(m) => m,
+        }
+    }
 }
 
 pub(super) fn lower_rule(family: IpFamily, table: &Table, rule: &Rule) -> Result<WireRule, String> {

@@ -63,10 +63,9 @@ fn slice(
                     serving: *ready,
                     terminating: false,
                 },
-                node_name: node.map(str::to_string),
+                node_name: node.map(Box::from),
                 zone: None,
-                zone_hints: vec![],
-                node_hints: vec![],
+                hints: None,
             })
             .collect(),
     }
@@ -278,4 +277,30 @@ fn service_ranges_are_the_flags_else_every_service_cidr_objects() {
         ["10.100.0.0/16"],
         "--service-cidr replaces the objects"
     );
+}
+
+#[test]
+fn sort_stably_is_the_stable_sort_by_key() {
+    // Keys with many ties (16 distinct), each element tagged with its position in its comment.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for len in [0, 1, 2, 3, 17, 500] {
+        let elements: Vec<Element> = (0..len)
+            .map(|i| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                Element {
+                    key: vec![Atom::Port(u16::try_from(seed % 16).unwrap())],
+                    data: None,
+                    comment: Some(Arc::from(i.to_string())),
+                    origin: None,
+                }
+            })
+            .collect();
+        let mut expected = elements.clone();
+        expected.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut sorted = elements;
+        sort_stably(&mut sorted);
+        assert_eq!(sorted, expected, "{len} elements");
+    }
 }

@@ -226,6 +226,11 @@ pub(super) fn assemble(mut entries: Vec<Option<Entry<'_>>>) -> Loaded {
             Outcome::Rejected(r) => loaded.rejected.push(r),
         }
     }
+    // Rebuilt in one go, with the same entries: that fills the B-trees' nodes, which inserts
+    // leave partly empty (3.2 of the model's 19.4 MB at 10k Services × 10 endpoints).
+    let state = &mut loaded.state;
+    state.services = std::mem::take(&mut state.services).into_iter().collect();
+    state.slices = std::mem::take(&mut state.slices).into_iter().collect();
     loaded
 }
 

@@ -95,8 +95,7 @@ fn state(endpoints: &[&str]) -> ClusterState {
                 },
                 node_name: Some("node-b".into()),
                 zone: None,
-                zone_hints: vec![],
-                node_hints: vec![],
+                hints: None,
             }],
         };
         st.slices.insert(slice.name.clone(), slice);
