@@ -1,5 +1,6 @@
 //! Tests of the seal's text and digest.
 use super::*;
+use crate::nft::wire::ElemBytes;
 use crate::nft::{WireElem, WireSet};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -63,11 +64,11 @@ fn the_boot_id_is_this_kernels_without_dashes() {
 
 fn table() -> WireTable {
     let mut t = WireTable::new(IpFamily::V4, "nodeproxy");
-    let comment: Arc<[u8]> = Arc::from(&b"ns/a:http"[..]);
+    let comment = Arc::new(b"ns/a:http".to_vec());
     let mut elements = BTreeMap::new();
     for i in 0..3u8 {
         elements.insert(
-            vec![10, 96, 0, i].into_boxed_slice(),
+            ElemBytes::from(vec![10, 96, 0, i]),
             WireElem {
                 key_end: None,
                 data: Some(WireData::Verdict {
@@ -121,18 +122,18 @@ fn the_digest_covers_every_element_field_and_set_name_but_no_dynamic_set() {
             let (k, e) = s.elements.pop_first().unwrap();
             let mut k = k.to_vec();
             k[3] = 9;
-            s.elements.insert(k.into_boxed_slice(), e);
+            s.elements.insert(ElemBytes::from(k), e);
         }),
         d,
         "a key"
     );
     assert_ne!(
-        changed(&|c| first(c).key_end = Some(vec![10, 96, 0, 0].into())),
+        changed(&|c| first(c).key_end = Some(Box::new(ElemBytes::from(vec![10, 96, 0, 0])))),
         d,
         "a key end"
     );
     assert_ne!(
-        changed(&|c| first(c).data = Some(WireData::Value(vec![1].into()))),
+        changed(&|c| first(c).data = Some(WireData::Value(ElemBytes::from(vec![1])))),
         d,
         "data"
     );
