@@ -310,6 +310,58 @@ async fn a_relist_after_410_replaces_the_state_and_drops_objects_deleted_in_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_comes_in_pages_of_500_from_one_snapshot_and_the_watch_resumes_after_it() {
+    let api = FakeApi::start().await;
+    api.apply(Kind::Node, node(NODE, "192.0.2.10"));
+    let name = |i: usize| format!("s-{i:04}");
+    for i in 0..1203 {
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        api.apply(Kind::Service, service("ns", &name(i), &ip, 80));
+    }
+    api.hold_pages(Kind::Service);
+    let mut w = start(&api).await;
+    let deadline = Instant::now() + PATIENCE;
+    while api.count(Kind::Service, false) == 0 {
+        assert!(Instant::now() < deadline, "services were never listed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Between the first page and the rest: one Service of the first page and one of the last
+    // deleted, one added. The list still shows the snapshot; the watch from the list's
+    // resourceVersion brings the changes.
+    api.delete(Kind::Service, "ns", &name(3));
+    api.delete(Kind::Service, "ns", &name(1202));
+    api.apply(Kind::Service, service("ns", "t-new", "10.96.9.1", 80));
+    api.release_pages(Kind::Service);
+    ready(&w).await;
+
+    let lists: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("GET /api/v1/services?") && !r.contains("watch=true"))
+        .collect();
+    assert_eq!(lists.len(), 3, "1203 Services in pages of 500: {lists:#?}");
+    assert!(lists.iter().all(|r| r.contains("limit=500")), "{lists:#?}");
+    assert_eq!(
+        lists.iter().filter(|r| r.contains("continue=")).count(),
+        2,
+        "{lists:#?}"
+    );
+    eventually(
+        &mut w,
+        "the changes made while paging arrive by the watch",
+        |s| {
+            let names = service_names(s);
+            names.len() == 1202
+                && !names.contains(&name(3))
+                && !names.contains(&name(1202))
+                && names.contains(&name(1201))
+                && names.last().map(String::as_str) == Some("t-new")
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_outage_keeps_the_state_and_updates_resume_when_the_api_is_back() {
     let api = FakeApi::start().await;
     api.apply(Kind::Node, node(NODE, "192.0.2.10"));

@@ -10,6 +10,9 @@
 //!
 //! What it implements, as the real API server does it:
 //! - a global resourceVersion bumped by every change; lists return it in `metadata`;
+//! - `limit` pages a list: each page carries `metadata.continue` until the last, and every page
+//!   comes from the snapshot taken by the first, with its resourceVersion (as the real server
+//!   serves a paginated list at one etcd revision); the watcher asks for 500 per page;
 //! - watches from a resourceVersion replay the history after it, then stream new changes; a
 //!   resourceVersion older than the compacted history gets an `ERROR` event with code 410;
 //! - label selectors (`k`, `!k`, `k=v`, `k!=v`) and field selectors on `metadata.name` /
@@ -97,6 +100,8 @@ struct Inner {
     silence_epoch: u64,
     /// Kinds whose lists (and watches) wait until released.
     held: BTreeSet<Kind>,
+    /// Kinds whose list pages after the first wait until released.
+    held_pages: BTreeSet<Kind>,
     /// Kinds the server does not have (404), as an older API server lacks ServiceCIDR.
     missing: BTreeSet<Kind>,
     /// Every request line received (`GET /path?query`).
@@ -109,6 +114,11 @@ struct Inner {
     events: BTreeMap<(String, String), Value>,
     /// Every Event write accepted, in order: the method and the object as stored after it.
     event_writes: Vec<(String, Value)>,
+    /// Paginated lists in progress: the first page's resourceVersion and the items it saw,
+    /// by continue token's list number.
+    lists: BTreeMap<u64, (u64, Vec<Value>)>,
+    /// Numbers the paginated lists.
+    next_list: u64,
 }
 
 /// Counts a watch as open while it lives.
@@ -369,6 +379,16 @@ impl FakeApi {
         self.shared.wake();
     }
 
+    /// Holds the pages after the first of every list of `kind` until `release_pages`.
+    pub fn hold_pages(&self, kind: Kind) {
+        self.shared.inner.lock().unwrap().held_pages.insert(kind);
+    }
+
+    pub fn release_pages(&self, kind: Kind) {
+        self.shared.inner.lock().unwrap().held_pages.remove(&kind);
+        self.shared.wake();
+    }
+
     /// Request lines received so far, e.g. `GET /api/v1/services?labelSelector=...`.
     pub fn requests(&self) -> Vec<String> {
         self.shared.inner.lock().unwrap().requests.clone()
@@ -527,7 +547,11 @@ async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
     let params = parse_query(query);
 
     let mut tick = shared.tick.subscribe();
-    while shared.inner.lock().unwrap().held.contains(&kind) {
+    let next_page = params.get("continue").is_some_and(|c| !c.is_empty());
+    let held = |inner: &Inner| {
+        inner.held.contains(&kind) || (next_page && inner.held_pages.contains(&kind))
+    };
+    while held(&shared.inner.lock().unwrap()) {
         if tick.changed().await.is_err() {
             return;
         }
@@ -536,23 +560,78 @@ async fn handle(mut stream: TcpStream, shared: Arc<Shared>) {
     if params.get("watch").map(String::as_str) == Some("true") {
         serve_watch(stream, kind, &params, shared, tick).await;
     } else {
-        let body = {
-            let inner = shared.inner.lock().unwrap();
-            let items: Vec<&Value> = inner
-                .objects
-                .iter()
-                .filter(|((k, _, _), obj)| *k == kind && matches(obj, &params))
-                .map(|(_, obj)| obj)
-                .collect();
-            json!({
-                "apiVersion": kind.api_version(),
-                "kind": format!("{}List", kind.name()),
-                "metadata": {"resourceVersion": inner.rv.to_string()},
-                "items": items,
-            })
+        let body = match list_page(&shared, kind, &params) {
+            Ok(body) => body,
+            Err(message) => {
+                let body = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "message": message, "reason": "BadRequest", "code": 400});
+                respond(&mut stream, "400 Bad Request", &body).await;
+                return;
+            }
         };
         respond(&mut stream, "200 OK", &body).await;
     }
+}
+
+/// One page of a list: everything without `limit`; with it, at most `limit` items and a
+/// `continue` token while more remain, every page from the first page's snapshot.
+fn list_page(
+    shared: &Shared,
+    kind: Kind,
+    params: &BTreeMap<String, String>,
+) -> Result<Value, String> {
+    let mut inner = shared.inner.lock().unwrap();
+    let limit = match params.get("limit").map(|l| l.parse::<usize>()) {
+        None | Some(Ok(0)) => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(_)) => return Err(format!("limit {:?} is not a number", params["limit"])),
+    };
+    let (list, offset) = match params.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => {
+            let parsed = token
+                .split_once(':')
+                .and_then(|(l, o)| Some((l.parse::<u64>().ok()?, o.parse::<usize>().ok()?)));
+            match parsed {
+                Some((list, offset)) if inner.lists.contains_key(&list) => (list, offset),
+                _ => {
+                    return Err(format!(
+                        "continue token {token:?} is not one this server gave"
+                    ));
+                }
+            }
+        }
+        None => {
+            let items: Vec<Value> = inner
+                .objects
+                .iter()
+                .filter(|((k, _, _), obj)| *k == kind && matches(obj, params))
+                .map(|(_, obj)| obj.clone())
+                .collect();
+            let list = inner.next_list;
+            inner.next_list += 1;
+            let rv = inner.rv;
+            inner.lists.insert(list, (rv, items));
+            (list, 0)
+        }
+    };
+    let (rv, items) = &inner.lists[&list];
+    let rv = *rv;
+    let end = limit.map_or(items.len(), |n| items.len().min(offset.saturating_add(n)));
+    let page: Vec<Value> = items.get(offset..end).unwrap_or_default().to_vec();
+    let more = end < items.len();
+    if !more {
+        inner.lists.remove(&list);
+    }
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if more {
+        metadata["continue"] = format!("{list}:{end}").into();
+    }
+    Ok(json!({
+        "apiVersion": kind.api_version(),
+        "kind": format!("{}List", kind.name()),
+        "metadata": metadata,
+        "items": page,
+    }))
 }
 
 /// Reads the request; returns its method, target and body (as long as `Content-Length` says).
