@@ -168,9 +168,10 @@ pub fn fetch(config: &Config) -> Result<Loaded, DaemonError> {
         let cluster = watch::spawn(client, node_name);
         tracing::info!("waiting for the API server's Services, EndpointSlices and Node");
         cluster.ready().await;
+        let rejected = cluster.rejected();
         Ok(Loaded {
-            state: cluster.snapshot(),
-            rejected: cluster.rejected(),
+            state: cluster.into_state(),
+            rejected,
             ignored: Vec::new(),
             replaced: Vec::new(),
             dropped: Vec::new(),

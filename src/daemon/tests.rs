@@ -792,7 +792,7 @@ impl Harness {
             settings(NodePortAddresses::primary()),
             ProxyHealth::new(Duration::from_secs(60)),
             runtime.handle().clone(),
-            Box::new(move || snapshot.lock().unwrap().clone()),
+            Box::new(move || std::sync::Arc::new(snapshot.lock().unwrap().clone())),
         );
         let calls = reconciled.clone();
         writer.reconcile_udp = Box::new(move |f, services| {
@@ -832,7 +832,10 @@ impl Harness {
 
     fn full(&mut self, verify: bool) -> Result<Synced, NftError> {
         let state = self.cluster.lock().unwrap().clone();
-        self.writer.handle(Work::Full { state, verify })
+        self.writer.handle(Work::Full {
+            state: std::sync::Arc::new(state),
+            verify,
+        })
     }
 
     fn changed(&mut self, changed: BTreeSet<ServiceName>) -> Result<Synced, NftError> {
@@ -979,7 +982,7 @@ fn a_changed_request_the_syncer_cannot_do_alone_is_synced_from_a_full_snapshot()
         // The syncer synced only the changed Services.
         SyncKind::Partial => assert_eq!(synced.rebuilt, 2),
         // It asked for a full sync: the sync thread took its own snapshot.
-        SyncKind::Full => assert_eq!(synced.state, st),
+        SyncKind::Full => assert_eq!(*synced.state, st),
     }
     assert_eq!(synced.no_local[0], (IpFamily::V4, 0, 0));
     assert_caches_match(&h.writer.caches, &st, "after the changed request");

@@ -2,6 +2,8 @@
 //! and what runs after each successful sync (health-check node ports, the UDP conntrack
 //! reconciler, the per-Service caches).
 
+use std::sync::Arc;
+
 use super::events::EventSink;
 use super::*;
 
@@ -21,7 +23,10 @@ pub(super) struct Reply {
 /// What the sync thread is asked to sync.
 pub(super) enum Work {
     /// Every Service, from the whole state; `verify` reads the kernel back first.
-    Full { state: ClusterState, verify: bool },
+    Full {
+        state: Arc<ClusterState>,
+        verify: bool,
+    },
     /// Only the `changed` Services, from `scoped` (`ClusterState::subset(changed)` of the
     /// state). If the syncer cannot do that, the sync thread syncs everything from a snapshot it
     /// takes itself.
@@ -56,8 +61,9 @@ pub(super) struct Synced {
     pub(super) kind: SyncKind,
     /// How many Services were rebuilt.
     pub(super) rebuilt: usize,
-    /// The state synced: whole, or scoped to the changed Services.
-    pub(super) state: ClusterState,
+    /// The state synced: whole (shared with the watches until one of them writes), or scoped
+    /// to the changed Services.
+    pub(super) state: Arc<ClusterState>,
     /// Per family: (internal, external) Local-policy Service ports without local endpoints.
     pub(super) no_local: Vec<(IpFamily, usize, usize)>,
     /// Per family: UDP conntrack entries deleted.
@@ -71,7 +77,7 @@ pub(super) struct Done {
     pub(super) outcome: SyncOutcome,
     pub(super) kind: SyncKind,
     pub(super) rebuilt: usize,
-    pub(super) state: ClusterState,
+    pub(super) state: Arc<ClusterState>,
     pub(super) delta: Delta,
 }
 
@@ -88,7 +94,7 @@ pub(super) struct Writer<K: Kernel> {
     pub(super) runtime: Handle,
     /// A copy of the whole current state, for a request to sync the changed Services that the
     /// syncer can only do by syncing everything.
-    pub(super) full_state: Box<dyn Fn() -> ClusterState + Send>,
+    pub(super) full_state: Box<dyn Fn() -> Arc<ClusterState> + Send>,
     /// `conntrack::reconcile_udp`; replaced in tests, which must not touch the host's table.
     pub(super) reconcile_udp: ReconcileUdp,
     /// The health-check node port servers and the addresses they were created for.
@@ -121,7 +127,7 @@ impl<K: Kernel> Writer<K> {
         settings: Settings,
         health: ProxyHealth,
         runtime: Handle,
-        full_state: Box<dyn Fn() -> ClusterState + Send>,
+        full_state: Box<dyn Fn() -> Arc<ClusterState> + Send>,
     ) -> Self {
         Writer {
             syncer,
@@ -218,7 +224,7 @@ impl<K: Kernel> Writer<K> {
                             },
                             outcome,
                             rebuilt: changed.len(),
-                            state: scoped,
+                            state: Arc::new(scoped),
                             delta,
                         }
                     }
@@ -264,7 +270,11 @@ impl<K: Kernel> Writer<K> {
     }
 
     /// Syncs every Service of `state` and rebuilds the caches from it.
-    pub(super) fn sync_all(&mut self, state: ClusterState, verify: bool) -> Result<Done, NftError> {
+    pub(super) fn sync_all(
+        &mut self,
+        state: Arc<ClusterState>,
+        verify: bool,
+    ) -> Result<Done, NftError> {
         let outcome = self.syncer.sync(&state, &self.settings, verify)?;
         self.last_full_rebuild = Some(Instant::now());
         let warnings: BTreeSet<String> = crate::ruleset::address_warnings(&state, &self.settings)
@@ -297,7 +307,7 @@ impl<K: Kernel> Writer<K> {
             outcome: SyncOutcome::default(),
             kind: SyncKind::Partial,
             rebuilt: 0,
-            state: ClusterState::default(),
+            state: Arc::default(),
             no_local: self.no_local(),
             conntrack_deleted,
             address_conflicts: self.address_conflicts,

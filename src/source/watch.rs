@@ -158,7 +158,10 @@ const LISTED_ALL: u8 = LISTED_SERVICES | LISTED_SLICES | LISTED_NODE | LISTED_SE
 
 /// State shared between the watcher tasks and the [`ClusterWatch`] handle.
 struct Shared {
-    state: RwLock<ClusterState>,
+    /// Shared with the snapshots a sync holds: a write while one is held copies the state
+    /// (`Arc::make_mut`), otherwise nothing is copied. A full sync no longer holds a second
+    /// copy of the model (15.6 MiB at 10k Services × 10 endpoints) while it builds.
+    state: RwLock<Arc<ClusterState>>,
     changes: Mutex<Changes>,
     /// Currently rejected objects, by kind and `namespace/name`.
     rejected: Mutex<BTreeMap<(&'static str, String), Rejected>>,
@@ -173,7 +176,7 @@ struct Shared {
 impl Shared {
     fn new(started: SystemTime) -> Shared {
         Shared {
-            state: RwLock::new(ClusterState::default()),
+            state: RwLock::new(Arc::default()),
             changes: Mutex::new(Changes::default()),
             rejected: Mutex::new(BTreeMap::new()),
             generation: channel::channel(0).0,
@@ -293,9 +296,28 @@ impl ClusterWatch {
             .unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// A copy of the current state.
-    pub fn snapshot(&self) -> ClusterState {
-        self.with_state(ClusterState::clone)
+    /// The current state, shared until the watches next write it.
+    pub fn snapshot(&self) -> Arc<ClusterState> {
+        Arc::clone(
+            &self
+                .shared
+                .state
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// The current state, taken out of the watches (which stop with the handle): no copy when
+    /// no snapshot is held.
+    pub fn into_state(self) -> ClusterState {
+        let state = std::mem::take(
+            &mut *self
+                .shared
+                .state
+                .write()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        Arc::unwrap_or_clone(state)
     }
 
     /// A handle that copies the current state from any thread, for as long as it lives (the
@@ -324,13 +346,15 @@ pub struct StateReader {
 }
 
 impl StateReader {
-    /// A copy of the current state.
-    pub fn snapshot(&self) -> ClusterState {
-        self.shared
-            .state
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// The current state, shared until the watches next write it.
+    pub fn snapshot(&self) -> Arc<ClusterState> {
+        Arc::clone(
+            &self
+                .shared
+                .state
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
     }
 }
 

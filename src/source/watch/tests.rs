@@ -288,3 +288,41 @@ fn merged_changes_keep_every_name_and_a_full_flag_wins() {
     });
     assert!(a.full && a.services_changed.is_empty());
 }
+
+#[test]
+fn a_snapshot_is_shared_until_a_change_and_keeps_its_view_after_it() {
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut a = Applier::<core::Service>::new(shared.clone(), None);
+    let snapshot = || Arc::clone(&shared.state.read().unwrap());
+    a.apply(Event::Apply(service("a", "10.0.0.1", 80, "1")));
+    let held = snapshot();
+    assert!(Arc::ptr_eq(&held, &snapshot()), "no copy without a write");
+    // An event that changes nothing copies nothing.
+    a.apply(Event::Apply(service("a", "10.0.0.1", 80, "2")));
+    a.apply(Event::Delete(service("gone", "10.0.0.9", 80, "2")));
+    assert!(Arc::ptr_eq(&held, &snapshot()));
+    // A change while a sync holds the state: the sync's view stays as it was.
+    a.apply(Event::Apply(service("b", "10.0.0.2", 80, "3")));
+    assert!(!Arc::ptr_eq(&held, &snapshot()));
+    assert_eq!(
+        held.services.keys().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+        ["a"]
+    );
+    assert_eq!(services(&shared), ["a", "b"]);
+    // Once nothing else holds it, the state is written in place.
+    drop(held);
+    let before = Arc::as_ptr(&snapshot());
+    a.apply(Event::Delete(service("a", "10.0.0.1", 80, "4")));
+    assert_eq!(Arc::as_ptr(&snapshot()), before);
+    assert_eq!(services(&shared), ["b"]);
+    // A relist while a snapshot is held also leaves the snapshot alone.
+    let held = snapshot();
+    a.apply(Event::Init);
+    a.apply(Event::InitApply(service("c", "10.0.0.3", 80, "5")));
+    a.apply(Event::InitDone);
+    assert_eq!(services(&shared), ["c"]);
+    assert_eq!(
+        held.services.keys().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+        ["b"]
+    );
+}
