@@ -305,7 +305,10 @@ fn a_snapshot_is_shared_until_a_change_and_keeps_its_view_after_it() {
     a.apply(Event::Apply(service("b", "10.0.0.2", 80, "3")));
     assert!(!Arc::ptr_eq(&held, &snapshot()));
     assert_eq!(
-        held.services.keys().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+        held.services
+            .keys()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>(),
         ["a"]
     );
     assert_eq!(services(&shared), ["a", "b"]);
@@ -322,7 +325,10 @@ fn a_snapshot_is_shared_until_a_change_and_keeps_its_view_after_it() {
     a.apply(Event::InitDone);
     assert_eq!(services(&shared), ["c"]);
     assert_eq!(
-        held.services.keys().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+        held.services
+            .keys()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>(),
         ["b"]
     );
 }
