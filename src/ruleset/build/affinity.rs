@@ -83,7 +83,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{Contested, Elements, chain, goto, set};
+use super::{Contested, Elements, chain, extended, goto, set};
 use crate::model::{ClusterState, IpFamily, ServicePortName};
 use crate::ruleset::names;
 use crate::ruleset::{
@@ -421,13 +421,14 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Conte
                 comment: ep.comment.clone(),
                 origin: ep.origin.clone(),
             };
-            let mut pick = job.key.clone();
-            pick.push(Atom::Int(u32::try_from(index).unwrap_or(u32::MAX)));
+            let pick = extended(
+                &job.key,
+                Atom::Int(u32::try_from(index).unwrap_or(u32::MAX)),
+            );
             objects
                 .picks
                 .push(with(pick, Some(ElemData::Value(vec![Atom::Addr(addr)]))));
-            let mut endpoint = job.key.clone();
-            endpoint.push(Atom::Addr(addr));
+            let endpoint = extended(&job.key, Atom::Addr(addr));
             objects.endpoints.push(with(endpoint, ep.data.clone()));
         }
         objects.chains.insert((job.timeout, k));
