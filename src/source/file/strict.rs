@@ -126,10 +126,10 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
             return Strict::deserialize(MapAccessDeserializer::new(map))
                 .map(|v| Parsed::Value(v.0));
         };
-        let (first_entry, first_ordinal) = (reader.entries.len(), reader.ordinal);
+        let (first_entry, first_ordinal) = (reader.sent, reader.ordinal);
         // Everything but `items`: a few small values.
         let mut rest = Map::new();
-        // Whether `items` was an array, read into `reader.entries`.
+        // Whether `items` was an array, its items handed to the converting thread.
         let mut listed = false;
         let mut first = true;
         loop {
@@ -169,7 +169,7 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
         if is_list {
             return Ok(Parsed::List);
         }
-        reader.entries.truncate(first_entry);
+        reader.take_back(first_entry);
         reader.ordinal = first_ordinal;
         Ok(Parsed::NotAList)
     }
