@@ -257,11 +257,16 @@ impl<'de> Visitor<'de> for StrictVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut object = Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            if object.contains_key(&key) {
-                return Err(de::Error::custom(duplicate_key(&key)));
+            // One search per key, not a lookup and then an insert.
+            match object.entry(key) {
+                serde_json::map::Entry::Occupied(taken) => {
+                    return Err(de::Error::custom(duplicate_key(taken.key())));
+                }
+                serde_json::map::Entry::Vacant(slot) => {
+                    let Strict(value) = map.next_value()?;
+                    slot.insert(value);
+                }
             }
-            let Strict(value) = map.next_value()?;
-            object.insert(key, value);
         }
         Ok(Value::Object(object))
     }
