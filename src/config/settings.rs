@@ -163,7 +163,7 @@ settings! {
     Master master: Option<String> = None, v::api_url,
         Spec { value_name: "URL", ..TEXT };
     /// The average rate of requests to the API server (per second, > 0), as kube-proxy's
-    /// client; its watches take one request each, Events one each.
+    /// client: a list or watch takes one request (a list's later pages none), Events one each.
     KubeApiQps kube_api_qps: Qps = Qps(5.0), v::qps,
         Spec { value_name: "QPS", kube_field: kube("clientConnection.qps"), ..TEXT };
     /// How many requests to the API server may go out at once before --kube-api-qps applies.
