@@ -8,15 +8,16 @@
 //! others.
 //!
 //! Reading streams: the `items` of a list are parsed one at a time into a generic value, which
-//! is checked, converted to the model and dropped before the next item is parsed, so memory
-//! holds the file's text, one item's value and the converted objects, never the whole tree.
+//! is checked, converted to the model and dropped, so memory holds the file's text, the values
+//! of at most [`QUEUE`] items waiting to be converted and the converted objects, never the
+//! whole tree.
 //! kubectl prints `items` before `kind`, so every document whose `items` is an array is read as
 //! a list; if its `kind` turns out not to name a list, what its items gave is taken back and
 //! the document is parsed again as one object.
 //!
 //! Two threads: one parses the text into values, the other checks and converts them, in file
-//! order, through a short queue (about as much work each: reading 10k Services × 10 endpoints
-//! from JSON took 162 ms on one core).
+//! order, through a short queue. The work splits about 57/43 (`perf`), so reading 10k
+//! Services × 10 endpoints from JSON takes ~131 instead of ~161 ms.
 
 use std::collections::HashMap;
 use std::fmt;
