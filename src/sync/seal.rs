@@ -23,6 +23,7 @@
 use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
 
 use crate::model::IpFamily;
+use crate::nft::wire::ElemBytes;
 use crate::nft::{WireData, WireTable};
 
 /// The first word of every seal: a seal of another format is not ours to trust.
@@ -174,25 +175,44 @@ pub fn digest(table: &WireTable, salt: u64) -> u64 {
         }
         name.hash(&mut h);
         set.elements.len().hash(&mut h);
+        // Each element's fields go into one buffer, hashed with one call: SipHash's cost per
+        // call dominated with eight short writes per element (the digest took ~10 ms of a
+        // re-apply at 10k × 10, and a clean exit pays it again).
+        let mut buf = Vec::with_capacity(256);
         for (key, e) in &set.elements {
-            key.hash(&mut h);
-            e.key_end.hash(&mut h);
+            buf.clear();
+            put(&mut buf, Some(key.as_slice()));
+            put(&mut buf, e.key_end.as_deref().map(ElemBytes::as_slice));
             match &e.data {
-                None => 0u8.hash(&mut h),
+                None => buf.push(0),
                 Some(WireData::Value(v)) => {
-                    1u8.hash(&mut h);
-                    v.hash(&mut h);
+                    buf.push(1);
+                    put(&mut buf, Some(v.as_slice()));
                 }
                 Some(WireData::Verdict { code, chain }) => {
-                    2u8.hash(&mut h);
-                    code.hash(&mut h);
-                    chain.as_deref().hash(&mut h);
+                    buf.push(2);
+                    buf.extend_from_slice(&code.to_be_bytes());
+                    put(&mut buf, chain.as_deref().map(str::as_bytes));
                 }
             }
-            e.userdata.as_deref().hash(&mut h);
+            put(&mut buf, e.userdata.as_deref().map(Vec::as_slice));
+            h.write(&buf);
         }
     }
     h.finish()
+}
+
+/// Appends `bytes` so that no two sequences of fields append the same: absent, or present with
+/// its length first.
+fn put(buf: &mut Vec<u8>, bytes: Option<&[u8]>) {
+    match bytes {
+        None => buf.push(0),
+        Some(b) => {
+            buf.push(1);
+            buf.extend_from_slice(&u32::try_from(b.len()).unwrap_or(u32::MAX).to_be_bytes());
+            buf.extend_from_slice(b);
+        }
+    }
 }
 
 /// Gives `have` (our table read back without elements) the elements of `want`, whose digest
