@@ -174,6 +174,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// The current state, shared until the watches next write it.
+    fn snapshot(&self) -> Arc<ClusterState> {
+        Arc::clone(&self.state.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
     fn new(started: SystemTime) -> Shared {
         Shared {
             state: RwLock::new(Arc::default()),
@@ -298,13 +303,7 @@ impl ClusterWatch {
 
     /// The current state, shared until the watches next write it.
     pub fn snapshot(&self) -> Arc<ClusterState> {
-        Arc::clone(
-            &self
-                .shared
-                .state
-                .read()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
+        self.shared.snapshot()
     }
 
     /// The current state, taken out of the watches (which stop with the handle): no copy when
@@ -348,13 +347,7 @@ pub struct StateReader {
 impl StateReader {
     /// The current state, shared until the watches next write it.
     pub fn snapshot(&self) -> Arc<ClusterState> {
-        Arc::clone(
-            &self
-                .shared
-                .state
-                .read()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
+        self.shared.snapshot()
     }
 }
 

@@ -10,7 +10,7 @@ use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
 use super::{Applier, Changes, LISTED_SERVICES, MIN_TRACKED_SERVICES, Shared};
-use crate::model::ServiceName;
+use crate::model::{ClusterState, ServiceName};
 
 fn service(name: &str, ip: &str, port: u16, rv: &str) -> core::Service {
     decode(json!({
@@ -56,7 +56,10 @@ fn key(name: &str) -> ServiceName {
 }
 
 fn services(shared: &Shared) -> Vec<String> {
-    let state = shared.state.read().unwrap();
+    service_names(&shared.state.read().unwrap())
+}
+
+fn service_names(state: &ClusterState) -> Vec<String> {
     state.services.keys().map(|k| k.name.clone()).collect()
 }
 
@@ -293,7 +296,7 @@ fn merged_changes_keep_every_name_and_a_full_flag_wins() {
 fn a_snapshot_is_shared_until_a_change_and_keeps_its_view_after_it() {
     let shared = Arc::new(Shared::new(SystemTime::now()));
     let mut a = Applier::<core::Service>::new(shared.clone(), None);
-    let snapshot = || Arc::clone(&shared.state.read().unwrap());
+    let snapshot = || shared.snapshot();
     a.apply(Event::Apply(service("a", "10.0.0.1", 80, "1")));
     let held = snapshot();
     assert!(Arc::ptr_eq(&held, &snapshot()), "no copy without a write");
@@ -304,13 +307,7 @@ fn a_snapshot_is_shared_until_a_change_and_keeps_its_view_after_it() {
     // A change while a sync holds the state: the sync's view stays as it was.
     a.apply(Event::Apply(service("b", "10.0.0.2", 80, "3")));
     assert!(!Arc::ptr_eq(&held, &snapshot()));
-    assert_eq!(
-        held.services
-            .keys()
-            .map(|k| k.name.as_str())
-            .collect::<Vec<_>>(),
-        ["a"]
-    );
+    assert_eq!(service_names(&held), ["a"]);
     assert_eq!(services(&shared), ["a", "b"]);
     // Once nothing else holds it, the state is written in place.
     drop(held);
@@ -324,11 +321,5 @@ fn a_snapshot_is_shared_until_a_change_and_keeps_its_view_after_it() {
     a.apply(Event::InitApply(service("c", "10.0.0.3", 80, "5")));
     a.apply(Event::InitDone);
     assert_eq!(services(&shared), ["c"]);
-    assert_eq!(
-        held.services
-            .keys()
-            .map(|k| k.name.as_str())
-            .collect::<Vec<_>>(),
-        ["b"]
-    );
+    assert_eq!(service_names(&held), ["b"]);
 }
