@@ -602,3 +602,115 @@ fn the_fake_kernel_refuses_an_element_past_a_sets_size_as_the_kernel_does() {
     let err = k.apply(&diff(Some(&replaced), &three)).unwrap_err();
     assert_eq!(enfile(err), vec![("add element", Some(nix::libc::ENFILE))]);
 }
+
+/// A table of maps like `service-ips` (the first is it), the `i`-th holding `bulk(sizes[i])` with its own
+/// addresses (`10.<i>.x.y`) and, from the second on, a comment per 97 elements.
+fn split_table(sizes: &[u32]) -> Table {
+    let mut t = table(vec![], true);
+    let template = t.sets.remove(0);
+    for (i, &n) in (0u32..).zip(sizes) {
+        let mut elements = bulk(n);
+        for (j, e) in elements.iter_mut().enumerate() {
+            let j = u32::try_from(j).unwrap();
+            e.key[0] = Atom::Addr(std::net::Ipv4Addr::from((i << 24) + j).into());
+            if i > 0 {
+                e.comment = Some(format!("ns/s{}", j / 97).into());
+                e.origin = Some(std::sync::Arc::new(origin(&format!("s{}", j / 97))));
+            }
+        }
+        t.sets.push(Set {
+            // The first is the one the table's rule looks up.
+            name: if i == 0 {
+                template.name.clone()
+            } else {
+                format!("s{i}")
+            },
+            elements,
+            ..template.clone()
+        });
+    }
+    t
+}
+
+/// Whether two lowerings of a table are the same, order of creation and origins included (`==`
+/// leaves both out), and sizes as the sync paths give them (`lower_owned` leaves them to
+/// `size_sets`).
+fn same_lowering(mut a: WireTable, mut b: WireTable) -> bool {
+    size_sets(&mut a, None);
+    size_sets(&mut b, None);
+    a == b && lowered_fully(&a) == lowered_fully(&b)
+}
+
+/// Each set's name and its elements' keys and origins, in creation order.
+type Contents = Vec<(String, Vec<(Vec<u8>, String)>)>;
+
+fn lowered_fully(w: &WireTable) -> Contents {
+    w.sets_ordered()
+        .map(|(name, s)| {
+            let elements = s.elements.iter().map(|(k, e)| {
+                let origin = e.origin.as_ref().map(|o| o.to_string()).unwrap_or_default();
+                (k.to_vec(), origin)
+            });
+            (name.to_owned(), elements.collect())
+        })
+        .collect()
+}
+
+#[test]
+fn lowering_on_two_threads_gives_what_one_thread_gives() {
+    let half = u32::try_from(wire::SPLIT_MIN_ELEMENTS).unwrap();
+    // The halves meet inside the big set, at a set's start, and inside the only set.
+    for sizes in [vec![10, half * 2, 7], vec![half, half], vec![half * 3]] {
+        let t = split_table(&sizes);
+        let one = lower(&t).unwrap();
+        let two = lower_owned(t).unwrap();
+        assert!(same_lowering(one, two), "{sizes:?}");
+    }
+    // Keys that do not come in ascending order: in both halves, and only across them (each
+    // half ascending, the second's keys below the first's).
+    let descending: fn(&mut [Element]) = |e| {
+        e.reverse();
+        e.swap(1, e.len() / 2 + 1);
+    };
+    let rotated: fn(&mut [Element]) = |e| e.rotate_left(e.len() / 2);
+    for disorder in [descending, rotated] {
+        let mut t = split_table(&[half * 2]);
+        disorder(&mut t.sets[0].elements);
+        let one = lower(&t).unwrap();
+        let two = lower_owned(t).unwrap();
+        assert!(same_lowering(one, two));
+    }
+}
+
+#[test]
+fn lowering_on_two_threads_fails_on_the_first_bad_element_as_one_thread_does() {
+    let n = u32::try_from(wire::SPLIT_MIN_ELEMENTS).unwrap() * 2;
+    let break_at = |t: &mut Table, at: usize| {
+        t.sets[1].elements[at].key.pop();
+    };
+    // Bad elements in both halves, and in the second half only.
+    for bad in [vec![10, n as usize - 10], vec![n as usize - 10]] {
+        let mut t = split_table(&[5, n]);
+        for &at in &bad {
+            break_at(&mut t, at);
+        }
+        let one = lower(&t).unwrap_err().to_string();
+        let two = lower_owned(t).unwrap_err().to_string();
+        assert_eq!(two, one, "{bad:?}");
+        assert!(one.contains(&format!("ns/s{}", bad[0] / 97)), "{one}");
+    }
+    // The same key in each half (which the builder's `finish` never lets through): refused,
+    // naming the set and the key.
+    let mut t = split_table(&[n]);
+    let first = t.sets[0].elements[3].key.clone();
+    t.sets[0].elements[n as usize - 3].key = first;
+    let one = lower(&t).unwrap_err().to_string();
+    let two = lower_owned(t).unwrap_err().to_string();
+    for err in [&one, &two] {
+        assert!(
+            err.contains("duplicate key") && err.contains("map service-ips"),
+            "{err}"
+        );
+    }
+    assert!(two.contains("element 000000030600000000500000 "), "{two}");
+}

@@ -379,7 +379,7 @@ pub enum ElemData {
     Value(Vec<Atom>),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Element {
     pub key: Vec<Atom>,
     pub data: Option<ElemData>,
