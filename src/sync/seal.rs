@@ -20,11 +20,12 @@
 //! computed by another build of nodeproxy may differ (std does not promise `DefaultHasher`'s
 //! algorithm across releases): the tables are then read back, never trusted wrongly.
 
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
 
 use crate::model::IpFamily;
 use crate::nft::wire::ElemBytes;
-use crate::nft::{WireData, WireTable};
+use crate::nft::{WireData, WireElem, WireTable};
 
 /// The first word of every seal: a seal of another format is not ours to trust.
 const MAGIC: &str = "seal-v1";
@@ -215,11 +216,10 @@ fn put(buf: &mut Vec<u8>, bytes: Option<&[u8]>) {
     }
 }
 
-/// Gives `have` (our table read back without elements) the elements of `want`, whose digest
-/// matched the seal. `false`, leaving `have` unusable, when their sets are not the same ones: a
-/// matching digest covers the set names, so that would be a seal that does not describe this
-/// table after all.
-pub fn fill(have: &mut WireTable, want: &WireTable) -> bool {
+/// Whether `have` (our table read back without elements) has the sets with elements that
+/// `want`, whose digest matched the seal, has. A matching digest covers the set names, so when
+/// it does not, the seal does not describe this table after all.
+pub fn same_sets(have: &WireTable, want: &WireTable) -> bool {
     let ours = |t: &WireTable| -> Vec<String> {
         t.sets
             .iter()
@@ -227,7 +227,35 @@ pub fn fill(have: &mut WireTable, want: &WireTable) -> bool {
             .map(|(n, _)| n.clone())
             .collect()
     };
-    if ours(have) != ours(want) {
+    ours(have) == ours(want)
+}
+
+/// A set's elements.
+pub type Elements = BTreeMap<ElemBytes, WireElem>;
+
+/// The elements of `want`'s sets that a seal covers (all but the dynamic sets'), taken out.
+pub fn take_elements(want: &mut WireTable) -> Vec<(String, Elements)> {
+    want.sets
+        .iter_mut()
+        .filter(|(_, s)| !s.is_dynamic())
+        .map(|(n, s)| (n.clone(), std::mem::take(&mut s.elements)))
+        .collect()
+}
+
+/// Puts back what [`take_elements`] took.
+pub fn put_elements(want: &mut WireTable, elements: Vec<(String, Elements)>) {
+    for (name, taken) in elements {
+        if let Some(set) = want.sets.get_mut(&name) {
+            set.elements = taken;
+        }
+    }
+}
+
+/// Gives `have` (our table read back without elements) the elements of `want`, whose digest
+/// matched the seal. `false`, leaving `have` unusable, when their sets are not the same ones
+/// ([`same_sets`]).
+pub fn fill(have: &mut WireTable, want: &WireTable) -> bool {
+    if !same_sets(have, want) {
         return false;
     }
     for (name, set) in have.sets.iter_mut() {

@@ -1627,6 +1627,72 @@ fn a_restart_adopts_sealed_tables_without_reading_their_elements_and_verifies_la
     assert!(third.kernel().tables == full_tables(&st, &settings()).tables);
 }
 
+/// Our ip table in the fake kernel, changed without moving the generation (which a real
+/// kernel never allows): what a seal cannot see.
+fn ip_table_unseen(k: &mut FakeKernel) -> &mut WireTable {
+    k.tables
+        .get_mut(&(IpFamily::V4, "nodeproxy".to_string()))
+        .unwrap()
+}
+
+#[test]
+fn an_adopted_table_gets_what_differs_in_its_definitions_and_keeps_its_elements() {
+    let st = state();
+    let full = full_tables(&st, &settings()).tables;
+    let mut first = Syncer::new(FakeKernel::new());
+    first.sync(&st, &settings(), false).unwrap();
+    assert!(first.seal().unwrap());
+
+    // A chain's rules differ: rewritten on adoption, no element sent or copied.
+    let mut second = restart(&mut first);
+    let (chain, rules) = {
+        let table = ip_table_unseen(second.kernel());
+        let (name, chain) = table
+            .chains
+            .iter_mut()
+            .find(|(_, c)| !c.rules.is_empty())
+            .unwrap();
+        (name.clone(), std::mem::take(&mut chain.rules).len())
+    };
+    let out = second.sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 2, "{out}");
+    assert_eq!(
+        (out.report.elements_added, out.report.elements_removed),
+        (0, 0),
+        "{out}"
+    );
+    assert!(
+        rules > 0 && out.report.chains_rewritten >= 1,
+        "{chain}: {out}"
+    );
+    assert!(second.kernel().tables == full);
+    // What the syncer applied has the elements: a verification reads everything and agrees.
+    let verified = second.sync(&st, &settings(), true).unwrap();
+    assert!(
+        !verified.drift_repaired && verified.report.messages == 0,
+        "{verified}"
+    );
+
+    // A set's definition differs: it is recreated, with the sealed elements.
+    assert!(second.seal().unwrap());
+    let mut third = restart(&mut second);
+    let set = ip_table_unseen(third.kernel())
+        .sets
+        .get_mut("cluster-ips")
+        .unwrap();
+    let count = set.elements.len();
+    set.userdata.push(0);
+    let out = third.sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 2, "{out}");
+    assert_eq!(out.report.elements_added, count, "{out}");
+    assert!(count > 0 && third.kernel().tables == full);
+    let verified = third.sync(&st, &settings(), true).unwrap();
+    assert!(
+        !verified.drift_repaired && verified.report.messages == 0,
+        "{verified}"
+    );
+}
+
 #[test]
 fn a_seal_is_not_trusted_after_anyone_elses_commit_in_another_boot_or_for_other_elements() {
     let st = state();
