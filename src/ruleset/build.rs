@@ -124,24 +124,94 @@ fn finish(mut elements: Elements, contested: &mut Contested) -> Vec<Element> {
 /// Sorts by key, stably, without the scratch copy of the elements a stable sort allocates (8 MB
 /// for the 100k-element pick map at 10k Services × 10 endpoints, on top of the start-up peak):
 /// positions are sorted unstably, ties broken by position, which is the stable order, and the
-/// elements are then moved along the permutation's cycles in place.
+/// elements are then moved along the permutation's cycles in place. Each position carries its
+/// key's [`sort_prefix`], so that most comparisons are between two numbers in one array rather
+/// than between two keys behind a pointer each: at 10k × 10 the sorts were 60 % of the build's
+/// instructions (callgrind), with reads of keys all over the heap; the positions take 32 bytes
+/// each while sorting (3.2 MB for the 100k-element map there), not 8.
 fn sort_stably(elements: &mut [Element]) {
     if elements.is_sorted_by(|a, b| a.key <= b.key) {
         return;
     }
-    let mut order: Vec<usize> = (0..elements.len()).collect();
-    order.sort_unstable_by(|&a, &b| elements[a].key.cmp(&elements[b].key).then(a.cmp(&b)));
+    let mut order: Vec<(u128, usize)> = elements
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (sort_prefix(&e.key), i))
+        .collect();
+    order.sort_unstable_by(|&(pa, a), &(pb, b)| {
+        pa.cmp(&pb)
+            .then_with(|| elements[a].key.cmp(&elements[b].key))
+            .then(a.cmp(&b))
+    });
     // Position `i` takes the element at `order[i]`; a position done is marked `order[i] == i`.
     for start in 0..order.len() {
         let mut at = start;
         loop {
-            let from = order[at];
-            order[at] = at;
+            let from = order[at].1;
+            order[at].1 = at;
             if from == start || from == at {
                 break;
             }
             elements.swap(at, from);
             at = from;
+        }
+    }
+}
+
+/// A number that orders keys as `Atom`'s derived order does: a smaller number is a smaller key;
+/// equal numbers say nothing, and the keys are compared. Each atom is written after the one
+/// before it as its variant (three bits) and then its value in a width that only the variant
+/// (and an address's family bit) decides, so the first atom that differs decides at the same
+/// bit; what does not fit is cut off, and a range ends it (its order is not written). An IPv4
+/// pick key (address . protocol . port . slot) takes 95 of the 128 bits.
+fn sort_prefix(key: &[Atom]) -> u128 {
+    let mut bits = Bits::default();
+    for atom in key {
+        let more = match *atom {
+            Atom::Addr(IpAddr::V4(a)) => {
+                bits.put(0, 3) && bits.put(0, 1) && bits.put(u32::from(a).into(), 32)
+            }
+            Atom::Addr(IpAddr::V6(a)) => {
+                bits.put(0, 3) && bits.put(1, 1) && bits.put(u128::from(a), 128)
+            }
+            Atom::Proto(p) => bits.put(1, 3) && bits.put(p as u128, 2),
+            Atom::Port(p) => bits.put(2, 3) && bits.put(p.into(), 16),
+            Atom::Int(i) => bits.put(3, 3) && bits.put(i.into(), 32),
+            Atom::Net(_) => {
+                bits.put(4, 3);
+                false
+            }
+        };
+        if !more {
+            break;
+        }
+    }
+    bits.value
+}
+
+/// Bits written from the top of a `u128` down.
+#[derive(Default)]
+struct Bits {
+    value: u128,
+    used: u32,
+}
+
+impl Bits {
+    /// Writes the low `width` bits of `v` (1 to 128), or as many of their top ones as fit;
+    /// `false` once nothing more fits.
+    fn put(&mut self, v: u128, width: u32) -> bool {
+        let room = 128 - self.used;
+        if room == 0 {
+            return false;
+        }
+        if width <= room {
+            self.value |= v << (room - width);
+            self.used += width;
+            true
+        } else {
+            self.value |= v >> (width - room);
+            self.used = 128;
+            false
         }
     }
 }

@@ -304,3 +304,51 @@ fn sort_stably_is_the_stable_sort_by_key() {
         assert_eq!(sorted, expected, "{len} elements");
     }
 }
+
+#[test]
+fn sort_stably_orders_mixed_keys_as_their_atoms_do() {
+    // Every kind of atom, IPv6 addresses that share their first 60 bits, IPv4 ones at both
+    // ends, empty keys; keys of up to five atoms, with ties.
+    let atoms = [
+        Atom::Addr("0.0.0.0".parse().unwrap()),
+        Atom::Addr("10.96.0.1".parse().unwrap()),
+        Atom::Addr("255.255.255.255".parse().unwrap()),
+        Atom::Addr("::".parse().unwrap()),
+        Atom::Addr("2001:db8::1".parse().unwrap()),
+        Atom::Addr("2001:db8::2".parse().unwrap()),
+        Atom::Addr("2001:db8:0:f::2".parse().unwrap()),
+        Atom::Addr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap()),
+        Atom::Proto(Protocol::Tcp),
+        Atom::Proto(Protocol::Sctp),
+        Atom::Port(0),
+        Atom::Port(80),
+        Atom::Port(256),
+        Atom::Port(65535),
+        Atom::Int(1),
+        Atom::Int(65536),
+        Atom::Int(0),
+        Atom::Int(u32::MAX),
+        Atom::Net("10.0.0.0/8".parse().unwrap()),
+        Atom::Net("2001:db8::/32".parse().unwrap()),
+    ];
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        usize::try_from(seed % n as u64).unwrap()
+    };
+    let elements: Vec<Element> = (0..3000)
+        .map(|i| Element {
+            key: (0..next(6)).map(|_| atoms[next(atoms.len())]).collect(),
+            data: None,
+            comment: Some(Arc::from(i.to_string())),
+            origin: None,
+        })
+        .collect();
+    let mut expected = elements.clone();
+    expected.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut sorted = elements;
+    sort_stably(&mut sorted);
+    assert!(sorted == expected);
+}
