@@ -65,7 +65,7 @@ pub fn endpoint_slice_noting(
     }
     check_text(
         &ctx,
-        &format!("metadata.labels[\"{LABEL_SERVICE_NAME}\"]"),
+        format_args!("metadata.labels[\"{LABEL_SERVICE_NAME}\"]"),
         service_name,
     )?;
     let service = ServiceName {
@@ -81,10 +81,14 @@ pub fn endpoint_slice_noting(
             continue;
         };
         if let Some(port_name) = &p.name {
-            check_text(&ctx, &format!("ports[{i}].name"), port_name)?;
+            check_text(&ctx, format_args!("ports[{i}].name"), port_name)?;
         }
-        let protocol = protocol(&ctx, &format!("ports[{i}].protocol"), p.protocol.as_deref())?;
-        let port = port_number(&ctx, &format!("ports[{i}].port"), number)?;
+        let protocol = protocol(
+            &ctx,
+            format_args!("ports[{i}].protocol"),
+            p.protocol.as_deref(),
+        )?;
+        let port = port_number(&ctx, format_args!("ports[{i}].port"), number)?;
         ports.push(SlicePort {
             name: p.name.clone().unwrap_or_default(),
             protocol,
@@ -97,15 +101,15 @@ pub fn endpoint_slice_noting(
         let Some(raw) = ep.addresses.first() else {
             continue;
         };
-        let field = format!("endpoints[{i}].addresses[0]");
-        let addr = ip_field(&ctx, &field, raw)?;
-        if let Err(report) = routable_ip_field(&ctx, &field, raw) {
+        let field = Path(|f: &mut fmt::Formatter<'_>| write!(f, "endpoints[{i}].addresses[0]"));
+        let addr = ip_field(&ctx, field, raw)?;
+        if let Err(report) = routable_ip_field(&ctx, field, raw) {
             dropped.push(dropped_report(report));
             continue;
         }
         if IpFamily::of(&addr) != family {
             return Err(ctx.reject(
-                field,
+                field.to_string(),
                 raw.as_str(),
                 format!(
                     "an {} address in a slice of addressType {}; valid: {} addresses only",
@@ -123,10 +127,10 @@ pub fn endpoint_slice_noting(
         };
         let hints = ep.hints.as_ref();
         if let Some(node_name) = &ep.node_name {
-            check_text(&ctx, &format!("endpoints[{i}].nodeName"), node_name)?;
+            check_text(&ctx, format_args!("endpoints[{i}].nodeName"), node_name)?;
         }
         if let Some(zone) = &ep.zone {
-            check_text(&ctx, &format!("endpoints[{i}].zone"), zone)?;
+            check_text(&ctx, format_args!("endpoints[{i}].zone"), zone)?;
         }
         for (j, z) in hints
             .and_then(|h| h.for_zones.as_ref())
@@ -136,7 +140,7 @@ pub fn endpoint_slice_noting(
         {
             check_text(
                 &ctx,
-                &format!("endpoints[{i}].hints.forZones[{j}].name"),
+                format_args!("endpoints[{i}].hints.forZones[{j}].name"),
                 &z.name,
             )?;
         }
@@ -148,7 +152,7 @@ pub fn endpoint_slice_noting(
         {
             check_text(
                 &ctx,
-                &format!("endpoints[{i}].hints.forNodes[{j}].name"),
+                format_args!("endpoints[{i}].hints.forNodes[{j}].name"),
                 &n.name,
             )?;
         }
