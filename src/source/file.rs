@@ -7,17 +7,19 @@
 //! reason, or rejected with the field that is wrong, so that one bad object never hides the
 //! others.
 //!
-//! Reading streams: the `items` of a list are parsed one at a time into a generic value, which
-//! is checked, converted to the model and dropped, so memory holds the file's text, the values
-//! of at most [`QUEUE`] items waiting to be converted and the converted objects, never the
-//! whole tree.
+//! Reading streams: the `items` of a list are parsed one at a time into a generic value (in a
+//! JSON file, an item of a kind nodeproxy reads is kept as its text instead: [`raw`]), which
+//! is checked, converted to the model and dropped, so memory holds the file's text, at most
+//! [`QUEUE`] items waiting to be converted and the converted objects, never the whole tree.
 //! kubectl prints `items` before `kind`, so every document whose `items` is an array is read as
 //! a list; if its `kind` turns out not to name a list, what its items gave is taken back and
 //! the document is parsed again as one object.
 //!
-//! Two threads: one parses the text into values, the other checks and converts them, in file
-//! order, through a short queue. The work splits about 57/43 (`perf`), so reading 10k
-//! Services × 10 endpoints from JSON takes ~131 instead of ~161 ms.
+//! Two threads: one parses the text into items, the other checks and converts them, through a
+//! short queue; when the queue is full the parsing thread converts the item itself, and the
+//! two parts are merged in file order at the end. Reading 10k Services × 10 endpoints from
+//! JSON took ~161 ms on one thread, ~131 on two through values, ~103 from the items' text with
+//! the work shared (medians of ten `--once` re-applies, docs/performance.md).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -32,15 +34,18 @@ use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{Loaded, SourceError};
 use crate::model::{self, Rejected, convert};
 
 mod objects;
+mod raw;
 mod strict;
 
 use objects::*;
+use raw::*;
 use strict::*;
 
 /// Reads every file in order and merges what they hold. When the same object (kind, namespace
@@ -59,7 +64,7 @@ pub const DEFAULT_MAX_FILE_BYTES: u64 = 1 << 30;
 /// larger than `max_bytes` is an error: reading stops at the bound, so even an endless file
 /// (a device, a pipe) costs at most `max_bytes` of memory.
 pub fn load_files_limited(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, SourceError> {
-    load(|reader| {
+    load(true, |reader| {
         for path in paths {
             let text = read_bounded(path, max_bytes)?;
             reader.path = path;
@@ -75,7 +80,18 @@ pub fn load_files_limited(paths: &[PathBuf], max_bytes: u64) -> Result<Loaded, S
 /// corpus test.
 #[doc(hidden)]
 pub fn load_text(name: &Path, text: &str) -> Result<Loaded, SourceError> {
-    load(|reader| {
+    load(true, |reader| {
+        reader.path = name;
+        reader.read(text)
+    })
+}
+
+/// [`load_text`] with every item of a JSON list read through a generic value, as YAML's are:
+/// what the items read straight from their text ([`raw`]) must equal, for the tests and the
+/// fuzz target `file_reader` to compare.
+#[doc(hidden)]
+pub fn load_text_through_values(name: &Path, text: &str) -> Result<Loaded, SourceError> {
+    load(false, |reader| {
         reader.path = name;
         reader.read(text)
     })
@@ -84,44 +100,82 @@ pub fn load_text(name: &Path, text: &str) -> Result<Loaded, SourceError> {
 /// How many parsed items may wait for the converting thread.
 const QUEUE: usize = 64;
 
-/// Runs `read` on this thread with a [`Reader`] whose items a second thread converts, then
-/// merges what they gave.
+/// Runs `read` on this thread with a [`Reader`] whose items a second thread converts (this one
+/// converting those that find the queue full), then merges what they gave in file order.
 fn load<'p>(
+    raw_items: bool,
     read: impl FnOnce(&mut Reader<'p>) -> Result<(), SourceError>,
 ) -> Result<Loaded, SourceError> {
     std::thread::scope(|scope| {
-        let (jobs, queue) = std::sync::mpsc::sync_channel::<Job<'p>>(QUEUE);
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<(u64, Job<'p>)>(QUEUE);
         let (done, converted) = std::sync::mpsc::channel();
         scope.spawn(move || {
-            let mut entries = Vec::new();
-            for job in queue {
-                match job {
-                    Job::Item(origin, value) => entries.push(Some(read_item(origin, value))),
-                    Job::TakeBack(from) => entries.truncate(from),
-                }
-            }
+            let entries: Vec<_> = queue
+                .into_iter()
+                .map(|(seq, job)| (seq, job.run()))
+                .collect();
             let _ = done.send(entries);
         });
         let mut reader = Reader {
             path: Path::new(""),
             ordinal: 0,
             sent: 0,
+            raw_items,
+            raw: false,
+            seq: 0,
+            own: Vec::new(),
             jobs,
         };
         let result = read(&mut reader);
+        let Reader { own, jobs, .. } = reader;
         // Ends the converting thread's queue.
-        drop(reader);
+        drop(jobs);
         result?;
         // Nothing arrives only if the converting thread panicked: the scope then raises that
         // panic as it ends, so this empty list is never used.
-        let entries = converted.recv().unwrap_or_default();
-        Ok(assemble(entries))
+        let theirs = converted.recv().unwrap_or_default();
+        Ok(assemble(in_file_order(own, theirs)))
     })
 }
 
-/// What the parsing thread hands the converting one, in file order.
+/// What each thread's part gave, in the order the jobs were handed out (their sequence
+/// numbers, in increasing order in each list): the entries, with what was taken back removed.
+fn in_file_order<E>(own: Vec<(u64, Done<E>)>, theirs: Vec<(u64, E)>) -> Vec<Option<E>> {
+    let mut entries = Vec::with_capacity(own.len() + theirs.len());
+    let mut theirs = theirs.into_iter().peekable();
+    for (seq, done) in own {
+        while let Some((_, entry)) = theirs.next_if(|(s, _)| *s < seq) {
+            entries.push(Some(entry));
+        }
+        match done {
+            Done::Entry(entry) => entries.push(Some(entry)),
+            Done::TakeBack(from) => entries.truncate(from),
+        }
+    }
+    entries.extend(theirs.map(|(_, entry)| Some(entry)));
+    entries
+}
+
+/// An object to check and convert, in file order.
 enum Job<'p> {
     Item(Origin<'p>, Value),
+    /// An item's text, checked, of a kind nodeproxy reads, with the name its metadata gives.
+    Raw(Origin<'p>, Box<RawValue>, Kind, Option<String>),
+}
+
+impl<'p> Job<'p> {
+    fn run(self) -> Entry<'p> {
+        match self {
+            Job::Item(origin, value) => read_item(origin, value),
+            Job::Raw(origin, raw, kind, name) => read_raw(origin, &raw, kind, name),
+        }
+    }
+}
+
+/// What the parsing thread did itself, in file order.
+enum Done<E> {
+    /// A job it converted because the queue was full.
+    Entry(E),
     /// Drops the entries from this index on: a document read as a list that was not one.
     TakeBack(usize),
 }
@@ -188,7 +242,15 @@ struct Reader<'p> {
     ordinal: usize,
     /// How many items have been handed over and not taken back.
     sent: usize,
-    jobs: std::sync::mpsc::SyncSender<Job<'p>>,
+    /// Whether JSON list items may be read straight from their text ([`raw`]).
+    raw_items: bool,
+    /// Whether the current file's list items are.
+    raw: bool,
+    /// The next job's sequence number.
+    seq: u64,
+    /// What this thread did itself, with sequence numbers.
+    own: Vec<(u64, Done<Entry<'p>>)>,
+    jobs: std::sync::mpsc::SyncSender<(u64, Job<'p>)>,
 }
 
 impl<'p> Reader<'p> {
@@ -201,32 +263,54 @@ impl<'p> Reader<'p> {
             .path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-        let mut again = Reparser::new(text, is_json);
-        if is_json {
-            let mut de = serde_json::Deserializer::from_str(text);
-            let mut index = 0;
-            // `end` fails as long as anything but whitespace is left: the next value.
-            while de.end().is_err() {
-                let doc = Shape::Document(self)
-                    .deserialize(&mut de)
-                    .map_err(|e| json_error(self.path, &e))?;
-                let bare = matches!(
-                    doc,
-                    Parsed::Value(Value::Null | Value::Bool(_) | Value::Number(_))
-                );
-                if bare && de.end().is_err() {
-                    again.check_bare(self.path, index)?;
-                }
-                self.finish(doc, index, &mut again)?;
-                index += 1;
+        if !is_json {
+            return self.read_yaml(text);
+        }
+        let (first_sent, first_ordinal) = (self.sent, self.ordinal);
+        self.raw = self.raw_items;
+        let read = self.read_json(text);
+        if !std::mem::replace(&mut self.raw, false) || read.is_ok() {
+            return read;
+        }
+        // An error, or an item whose check failed: read through values, the error and its
+        // position are exactly what that reading reports (skipping an item into its text
+        // words some syntax errors differently).
+        self.take_back(first_sent);
+        self.ordinal = first_ordinal;
+        self.read_json(text)
+    }
+
+    /// Reads the top-level JSON documents of one file.
+    fn read_json(&mut self, text: &str) -> Result<(), SourceError> {
+        let mut again = Reparser::new(text, true);
+        let mut de = serde_json::Deserializer::from_str(text);
+        let mut index = 0;
+        // `end` fails as long as anything but whitespace is left: the next value.
+        while de.end().is_err() {
+            let doc = Shape::Document(self)
+                .deserialize(&mut de)
+                .map_err(|e| json_error(self.path, &e))?;
+            let bare = matches!(
+                doc,
+                Parsed::Value(Value::Null | Value::Bool(_) | Value::Number(_))
+            );
+            if bare && de.end().is_err() {
+                again.check_bare(self.path, index)?;
             }
-        } else {
-            for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-                let doc = Shape::Document(self)
-                    .deserialize(doc)
-                    .map_err(|e| yaml_error(self.path, &e))?;
-                self.finish(doc, index, &mut again)?;
-            }
+            self.finish(doc, index, &mut again)?;
+            index += 1;
+        }
+        Ok(())
+    }
+
+    /// Reads the YAML documents of one file.
+    fn read_yaml(&mut self, text: &str) -> Result<(), SourceError> {
+        let mut again = Reparser::new(text, false);
+        for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+            let doc = Shape::Document(self)
+                .deserialize(doc)
+                .map_err(|e| yaml_error(self.path, &e))?;
+            self.finish(doc, index, &mut again)?;
         }
         Ok(())
     }
@@ -251,19 +335,71 @@ impl<'p> Reader<'p> {
 
     /// Checks and converts one object, keeping only the result.
     fn item(&mut self, value: Value) {
+        let origin = self.next_origin();
+        self.send(Job::Item(origin, value));
+    }
+
+    /// Takes in one list item's text ([`raw`]): handed over as text when its check passes and
+    /// it is of a kind nodeproxy reads, as a value otherwise. `false` when the check failed:
+    /// reading this file should stop with an error, to be read again through values.
+    fn raw_item(&mut self, raw: Box<RawValue>) -> bool {
+        let Some(head) = check(&raw) else {
+            return false;
+        };
+        if let Some(kind) = head.kind() {
+            let name = head.name(matches!(kind, Kind::Node | Kind::ServiceCidr));
+            drop(head);
+            let origin = self.next_origin();
+            self.send(Job::Raw(origin, raw, kind, name));
+            return true;
+        }
+        drop(head);
+        match serde_json::from_str::<Strict>(raw.get()) {
+            Ok(Strict(value)) => {
+                flatten(value, &mut |v| self.item(v));
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Where the next object of the current file is.
+    fn next_origin(&mut self) -> Origin<'p> {
         self.ordinal += 1;
-        let origin = Origin {
+        Origin {
             path: self.path,
             ordinal: self.ordinal,
-        };
+        }
+    }
+
+    /// Hands `job` to the converting thread, or converts it here when the queue is full: the
+    /// thread that is ahead takes its share of the other's work.
+    fn send(&mut self, job: Job<'p>) {
         self.sent += 1;
-        // The converting thread stops early only by panicking, which the scope raises.
-        let _ = self.jobs.send(Job::Item(origin, value));
+        let seq = self.next_seq();
+        match self.jobs.try_send((seq, job)) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full((seq, job))) => {
+                self.own.push((seq, Done::Entry(job.run())));
+            }
+            // The converting thread stops early only by panicking, which the scope raises.
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {}
+        }
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        let seq = self.seq;
+        self.seq += 1;
+        seq
     }
 
     /// Takes back the items handed over from index `from` on.
     fn take_back(&mut self, from: usize) {
         self.sent = from;
-        let _ = self.jobs.send(Job::TakeBack(from));
+        let seq = self.next_seq();
+        self.own.push((seq, Done::TakeBack(from)));
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -13,7 +13,7 @@ pub(super) enum Kind {
 }
 
 impl Kind {
-    fn from_name(kind: &str) -> Option<Kind> {
+    pub(super) fn from_name(kind: &str) -> Option<Kind> {
         match kind {
             "Service" => Some(Kind::Service),
             "EndpointSlice" => Some(Kind::EndpointSlice),
@@ -23,7 +23,7 @@ impl Kind {
         }
     }
 
-    fn api_version(self) -> &'static str {
+    pub(super) fn api_version(self) -> &'static str {
         match self {
             Kind::Service | Kind::Node => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
@@ -93,11 +93,11 @@ impl Object<'_> {
         Outcome::Rejected(r)
     }
 
-    /// Decodes the generic value into the k8s-openapi type and converts that into the model.
-    fn convert(&self, value: &Value, dropped: &mut Vec<Rejected>) -> Outcome {
+    /// Decodes the object into the k8s-openapi type and converts that into the model.
+    fn convert(&self, value: Source<'_>, dropped: &mut Vec<Rejected>) -> Outcome {
         match self.kind {
             Kind::Service => {
-                let svc = match decode::<core::Service>(value, self.label()) {
+                let svc = match decode::<core::Service>(value, || self.label()) {
                     Ok(svc) => svc,
                     Err(r) => return Outcome::Rejected(r),
                 };
@@ -110,7 +110,7 @@ impl Object<'_> {
                 }
             }
             Kind::EndpointSlice => {
-                let slice = match decode::<discovery::EndpointSlice>(value, self.label()) {
+                let slice = match decode::<discovery::EndpointSlice>(value, || self.label()) {
                     Ok(slice) => slice,
                     Err(r) => return Outcome::Rejected(r),
                 };
@@ -123,7 +123,7 @@ impl Object<'_> {
                 }
             }
             Kind::Node => {
-                let node = match decode::<core::Node>(value, self.label()) {
+                let node = match decode::<core::Node>(value, || self.label()) {
                     Ok(node) => node,
                     Err(r) => return Outcome::Rejected(r),
                 };
@@ -133,7 +133,7 @@ impl Object<'_> {
                 }
             }
             Kind::ServiceCidr => {
-                let obj = match decode::<networking::ServiceCIDR>(value, self.label()) {
+                let obj = match decode::<networking::ServiceCIDR>(value, || self.label()) {
                     Ok(obj) => obj,
                     Err(r) => return Outcome::Rejected(r),
                 };
@@ -160,9 +160,39 @@ pub(super) fn read_item(origin: Origin<'_>, value: Value) -> Entry<'_> {
         dropped: Vec::new(),
     };
     let mut dropped = Vec::new();
-    object.outcome = object.convert(&value, &mut dropped);
+    object.outcome = object.convert(Source::Value(&value), &mut dropped);
     object.dropped = dropped;
     Entry::Object(object)
+}
+
+/// [`read_item`] for an item's text whose check found it of `kind`, with `name` from its
+/// metadata ([`raw`]).
+pub(super) fn read_raw<'a>(
+    origin: Origin<'a>,
+    raw: &RawValue,
+    kind: Kind,
+    name: Option<String>,
+) -> Entry<'a> {
+    let mut object = Object {
+        origin,
+        kind,
+        name,
+        outcome: Outcome::Ignored(""),
+        dropped: Vec::new(),
+    };
+    #[cfg(test)]
+    super::tests::RAW_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut dropped = Vec::new();
+    object.outcome = object.convert(Source::Text(raw.get()), &mut dropped);
+    object.dropped = dropped;
+    Entry::Object(object)
+}
+
+/// An object to decode: a generic value, or the text of one whose keys are checked ([`raw`]).
+#[derive(Clone, Copy)]
+pub(super) enum Source<'v> {
+    Value(&'v Value),
+    Text(&'v str),
 }
 
 /// Merges what the objects gave, in file order: the reports of objects nodeproxy does not read
@@ -309,9 +339,25 @@ pub(super) fn abbreviate(value: &Value) -> String {
     short
 }
 
-/// Deserializes the generic value into the k8s-openapi type; a mismatch with the schema is a
-/// [`Rejected`] for this object alone, named `label`.
-pub(super) fn decode<T: Schema>(value: &Value, label: String) -> Result<T, Rejected> {
+/// Deserializes the object into the k8s-openapi type; a mismatch with the schema is a
+/// [`Rejected`] for this object alone, named `label`. Text that does not decode is decoded
+/// again as a generic value, which pinpoints the field: what it reports is what an object read
+/// as a value gets.
+pub(super) fn decode<T: Schema>(
+    source: Source<'_>,
+    label: impl FnOnce() -> String,
+) -> Result<T, Rejected> {
+    let value = match source {
+        Source::Value(value) => value,
+        Source::Text(text) => {
+            if let Ok(decoded) = serde_json::from_str::<T>(text) {
+                return Ok(decoded);
+            }
+            // The check read this text already: it parses.
+            let value = serde_json::from_str::<Value>(text).unwrap_or(Value::Null);
+            return decode(Source::Value(&value), label);
+        }
+    };
     T::deserialize(value).map_err(|_| {
         let (field, value, reason) = T::locate(value).unwrap_or_else(|| {
             (
@@ -321,13 +367,14 @@ pub(super) fn decode<T: Schema>(value: &Value, label: String) -> Result<T, Rejec
             )
         });
         Rejected {
-            object: label,
+            object: label(),
             field,
             value,
             reason,
         }
     })
 }
+
 /// A k8s-openapi type whose deserialization errors can be traced to a field path.
 ///
 /// serde's errors from a generic value carry no path, so [`locate`](Schema::locate) retries the

@@ -115,6 +115,14 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
             return Strict::deserialize(SeqAccessDeserializer::new(seq))
                 .map(|v| Parsed::Value(v.0));
         };
+        if reader.raw {
+            while let Some(raw) = seq.next_element::<Box<RawValue>>()? {
+                if !reader.raw_item(raw) {
+                    return Err(de::Error::custom("an item to be read again through values"));
+                }
+            }
+            return Ok(Parsed::List);
+        }
         while let Some(Strict(value)) = seq.next_element::<Strict>()? {
             flatten(value, &mut |v| reader.item(v));
         }
@@ -178,7 +186,7 @@ impl<'de> Visitor<'de> for Shape<'_, '_> {
 /// A [`Value`] read as `Value::deserialize` reads it, except that a key repeated within one
 /// mapping is an error: serde_json and serde_yaml would keep the last one silently, and two
 /// `clusterIP`s or `ports` in one object mean the file is not what its author thinks.
-pub(super) struct Strict(Value);
+pub(super) struct Strict(pub(super) Value);
 
 pub(super) fn duplicate_key(key: &str) -> String {
     format!(

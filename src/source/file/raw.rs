@@ -1,0 +1,420 @@
+//! JSON list items read without a generic value: the parsing thread takes each item's text,
+//! checks it for repeated keys and takes its kind, apiVersion and name, and the converting
+//! thread decodes the text straight into its k8s-openapi type.
+//!
+//! Through a [`Value`], every string of an item was allocated twice (into the value, then into
+//! the typed object) and every mapping built as a B-tree and freed again: at 10k Services × 10
+//! endpoints, building, decoding and freeing the values was most of reading the input. The
+//! result is the same either way, and anything unusual goes the way of the value: an item of a
+//! kind nodeproxy does not read (its report names it from the value), a nested list, an object
+//! that does not match its schema (the value pinpoints the field); and on a repeated key, or
+//! any error at all while the file is read this way, the whole file is read again through
+//! values, so that the error and its position are exactly what that reading reports (skipping
+//! an item into its text words some syntax errors differently). The tests and the fuzz target
+//! `file_reader` compare both readings of the same text.
+
+use std::borrow::Cow;
+
+use super::*;
+
+/// What the check of an item found at its top: `kind` and `apiVersion`, and `name` and
+/// `namespace` in its `metadata`, each when it is a string.
+#[derive(Default)]
+pub(super) struct Head<'de> {
+    kind: Option<Cow<'de, str>>,
+    api_version: Option<Cow<'de, str>>,
+    name: Option<Cow<'de, str>>,
+    namespace: Option<Cow<'de, str>>,
+}
+
+impl Head<'_> {
+    /// The kind, when the item is one nodeproxy reads at the apiVersion it understands (what
+    /// [`classify`] accepts).
+    pub(super) fn kind(&self) -> Option<Kind> {
+        let kind = Kind::from_name(self.kind.as_deref()?)?;
+        (self.api_version.as_deref().unwrap_or_default() == kind.api_version()).then_some(kind)
+    }
+
+    /// What [`object_name`] takes from the same object.
+    pub(super) fn name(&self, cluster_scoped: bool) -> Option<String> {
+        let name = self.name.as_deref().filter(|n| !n.is_empty())?;
+        Some(match self.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() && !cluster_scoped => format!("{ns}/{name}"),
+            _ => name.to_owned(),
+        })
+    }
+}
+
+/// Checks an item's text as [`Strict`] would read it (no key twice in one mapping) and takes
+/// its [`Head`]; `None` when anything is wrong, to be found again by reading through values.
+pub(super) fn check(raw: &RawValue) -> Option<Head<'_>> {
+    let mut keys = Vec::with_capacity(32);
+    match scan(raw.get(), &mut keys) {
+        Scan::Clean(head) => return Some(head),
+        Scan::Repeated => return None,
+        Scan::Unsure => {}
+    }
+    let mut head = Head::default();
+    keys.clear();
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    Check {
+        keys: &mut keys,
+        head: &mut head,
+        at: At::Top,
+        depth: 0,
+    }
+    .deserialize(&mut de)
+    .ok()?;
+    de.end().ok()?;
+    Some(head)
+}
+
+/// What [`scan`] found.
+pub(super) enum Scan<'de> {
+    Clean(Head<'de>),
+    Repeated,
+    /// Something the scan leaves to serde: an escape in a key or in a string the [`Head`]
+    /// takes, a `\u` escape of a surrogate (serde_json's skipping lets a lone one through,
+    /// its parsing does not), or nesting deeper than [`MAX_DEPTH`].
+    Unsure,
+}
+
+/// A container the scan is in.
+struct Open {
+    /// For a mapping, where its keys begin in the scan's list; `None` for an array.
+    keys: Option<usize>,
+    at: At,
+}
+
+/// [`Check`] by hand, over text that serde_json has already found to be JSON (skipping it
+/// into a [`RawValue`] validates everything but the surrogates of `\u` escapes): going
+/// through serde's visitors cost as much as building the generic value it replaces (~360 M
+/// instructions for 10k Services × 10 endpoints, against ~40 M for this).
+pub(super) fn scan<'de>(text: &'de str, keys: &mut Vec<Cow<'de, str>>) -> Scan<'de> {
+    let bytes = text.as_bytes();
+    let mut head = Head::default();
+    let mut open: Vec<Open> = Vec::with_capacity(16);
+    // Inside a mapping, whether the next string is a key.
+    let mut key_next = false;
+    // The [`Head`] slot that the value after the last key fills, if any, and where a mapping
+    // there would be.
+    let mut pending: Option<Slot> = None;
+    let mut child = At::Inside;
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'{' | b'[' => {
+                if open.len() >= MAX_DEPTH {
+                    return Scan::Unsure;
+                }
+                let at = if open.is_empty() {
+                    At::Top
+                } else {
+                    std::mem::replace(&mut child, At::Inside)
+                };
+                pending = None;
+                key_next = b == b'{';
+                open.push(Open {
+                    keys: key_next.then_some(keys.len()),
+                    at,
+                });
+                i += 1;
+            }
+            b'}' | b']' => {
+                if let Some(Open {
+                    keys: Some(start), ..
+                }) = open.pop()
+                {
+                    let own = keys.get_mut(start..).unwrap_or_default();
+                    // Sorted, a repeated key sits next to itself: a mapping with many keys
+                    // costs n log n, not n² (a hostile file may hold one with a million).
+                    if own.len() > 1 {
+                        own.sort_unstable();
+                        if own.windows(2).any(|w| w.first() == w.last()) {
+                            return Scan::Repeated;
+                        }
+                    }
+                    keys.truncate(start);
+                }
+                key_next = false;
+                child = At::Inside;
+                i += 1;
+            }
+            b',' => {
+                key_next = matches!(open.last(), Some(Open { keys: Some(_), .. }));
+                i += 1;
+            }
+            b'"' => {
+                let Some((end, escaped)) = string_end(bytes, i + 1) else {
+                    return Scan::Unsure;
+                };
+                let inner = text.get(i + 1..end).unwrap_or_default();
+                i = end + 1;
+                if key_next {
+                    if escaped {
+                        return Scan::Unsure;
+                    }
+                    key_next = false;
+                    let at = open.last().map_or(At::Inside, |o| o.at);
+                    (pending, child) = match (at, inner) {
+                        (At::Top, "kind") => (Some(Slot::Kind), At::Inside),
+                        (At::Top, "apiVersion") => (Some(Slot::ApiVersion), At::Inside),
+                        (At::Top, "metadata") => (None, At::Metadata),
+                        (At::Metadata, "name") => (Some(Slot::Name), At::Inside),
+                        (At::Metadata, "namespace") => (Some(Slot::Namespace), At::Inside),
+                        _ => (None, At::Inside),
+                    };
+                    keys.push(Cow::Borrowed(inner));
+                } else {
+                    child = At::Inside;
+                    if let Some(slot) = pending.take() {
+                        if escaped {
+                            return Scan::Unsure;
+                        }
+                        *head.slot(slot) = Some(Cow::Borrowed(inner));
+                    }
+                }
+            }
+            b':' | b' ' | b'\t' | b'\n' | b'\r' => i += 1,
+            _ => {
+                // A number, `true`, `false` or `null`: it ends where punctuation or space does.
+                pending = None;
+                child = At::Inside;
+                i += bytes
+                    .get(i..)
+                    .unwrap_or_default()
+                    .iter()
+                    .position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                    .unwrap_or(bytes.len() - i);
+            }
+        }
+    }
+    Scan::Clean(head)
+}
+
+/// Where the string whose text begins at `from` ends (its closing quote), and whether it holds
+/// an escape; `None` for a `\u` escape of a surrogate.
+fn string_end(bytes: &[u8], from: usize) -> Option<(usize, bool)> {
+    let mut i = from;
+    let mut escaped = false;
+    loop {
+        i += bytes
+            .get(i..)?
+            .iter()
+            .position(|&c| c == b'"' || c == b'\\')?;
+        if bytes.get(i) == Some(&b'"') {
+            return Some((i, escaped));
+        }
+        escaped = true;
+        if bytes.get(i + 1) == Some(&b'u') {
+            let hex = bytes.get(i + 2..i + 6)?;
+            let high = hex.first().map(u8::to_ascii_lowercase);
+            let second = hex.get(1).map(u8::to_ascii_lowercase);
+            // D800 to DFFF: a surrogate.
+            if high == Some(b'd') && matches!(second, Some(b'8'..=b'9' | b'a'..=b'f')) {
+                return None;
+            }
+            i += 6;
+        } else {
+            i += 2;
+        }
+    }
+}
+
+/// A string of the [`Head`].
+#[derive(Clone, Copy)]
+enum Slot {
+    Kind,
+    ApiVersion,
+    Name,
+    Namespace,
+}
+
+impl<'de> Head<'de> {
+    fn slot(&mut self, slot: Slot) -> &mut Option<Cow<'de, str>> {
+        match slot {
+            Slot::Kind => &mut self.kind,
+            Slot::ApiVersion => &mut self.api_version,
+            Slot::Name => &mut self.name,
+            Slot::Namespace => &mut self.namespace,
+        }
+    }
+}
+
+/// Where a value is in an item, for which of its strings the [`Head`] takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum At {
+    Top,
+    Metadata,
+    Inside,
+}
+
+/// Reads a value without keeping it, failing on a key repeated in one mapping; gives the value
+/// when it is a string.
+struct Check<'s, 'de> {
+    /// The keys of the mappings being read, innermost last; each mapping truncates back to
+    /// where its own began, so one allocation serves the whole item.
+    keys: &'s mut Vec<Cow<'de, str>>,
+    head: &'s mut Head<'de>,
+    at: At,
+    /// How many mappings and arrays of the item enclose this value.
+    depth: usize,
+}
+
+/// The deepest nesting the check lets through. serde_json refuses a file nested 128 deep, and
+/// an item of a list starts two levels down, so an item nested deeper than this may read
+/// differently from its text alone than from its file: it is read through values instead.
+pub(super) const MAX_DEPTH: usize = 100;
+
+impl<'de> DeserializeSeed<'de> for Check<'_, 'de> {
+    type Value = Option<Cow<'de, str>>;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Check<'_, 'de> {
+    type Value = Option<Cow<'de, str>>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Owned(v.to_owned())))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Owned(v)))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let depth = deeper::<A::Error>(self.depth)?;
+        while seq
+            .next_element_seed(Check {
+                keys: &mut *self.keys,
+                head: &mut *self.head,
+                at: At::Inside,
+                depth,
+            })?
+            .is_some()
+        {}
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let depth = deeper::<A::Error>(self.depth)?;
+        let start = self.keys.len();
+        while let Some(key) = map.next_key_seed(Key)? {
+            let at = match (self.at, key.as_ref()) {
+                (At::Top, "metadata") => At::Metadata,
+                _ => At::Inside,
+            };
+            let value = map.next_value_seed(Check {
+                keys: &mut *self.keys,
+                head: &mut *self.head,
+                at,
+                depth,
+            })?;
+            let slot = match (self.at, key.as_ref()) {
+                (At::Top, "kind") => Some(&mut self.head.kind),
+                (At::Top, "apiVersion") => Some(&mut self.head.api_version),
+                (At::Metadata, "name") => Some(&mut self.head.name),
+                (At::Metadata, "namespace") => Some(&mut self.head.namespace),
+                _ => None,
+            };
+            if let Some(slot) = slot {
+                *slot = value;
+            }
+            self.keys.push(key);
+        }
+        // Sorted, a repeated key sits next to itself: a mapping with many keys costs
+        // n log n, not n² (a hostile file may hold one with a million).
+        let own = self.keys.get_mut(start..).unwrap_or_default();
+        own.sort_unstable();
+        let repeated = own.windows(2).any(|w| w.first() == w.last());
+        self.keys.truncate(start);
+        if repeated {
+            return Err(de::Error::custom("duplicate key"));
+        }
+        Ok(None)
+    }
+}
+
+/// The depth of what a mapping or array at `depth` holds, or an error past [`MAX_DEPTH`].
+fn deeper<E: de::Error>(depth: usize) -> Result<usize, E> {
+    if depth >= MAX_DEPTH {
+        return Err(E::custom("nested too deep to be read from its text alone"));
+    }
+    Ok(depth + 1)
+}
+
+/// A mapping's key, borrowed from the text unless it holds escapes.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a string key")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
+    }
+}
