@@ -89,6 +89,7 @@ impl<K: Kernel> Syncer<K> {
         settings: &Settings,
     ) -> Result<Incremental, NftError> {
         let started = Instant::now();
+        self.digests.clear();
         let mut outcome = SyncOutcome::default();
         let (deltas, released) = match self.prepare(scoped, changed, settings, &mut outcome) {
             Ok(prepared) => prepared,

@@ -1760,3 +1760,46 @@ fn once_seals_and_the_next_once_adopts() {
     assert_eq!(out.report.messages, 0, "{out}");
     assert_eq!(k.seals_written, 2);
 }
+
+#[test]
+fn a_seal_after_adopting_unchanged_tables_reuses_their_digests_and_one_after_a_change_does_not() {
+    let st = state();
+    let sealed =
+        |s: &mut Syncer<FakeKernel>| Seal::parse(s.kernel().seal.as_deref().unwrap()).unwrap();
+    let mut first = Syncer::new(FakeKernel::new());
+    first.sync(&st, &settings(), false).unwrap();
+    assert!(first.seal().unwrap());
+    let one = sealed(&mut first);
+
+    let mut second = restart(&mut first);
+    let out = second.sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 2, "{out}");
+    assert!(second.seal().unwrap());
+    let two = sealed(&mut second);
+    assert_eq!((two.salt, &two.digests), (one.salt, &one.digests));
+    assert_eq!(two.generation, one.generation.wrapping_add(1));
+
+    // Adopted again on the seal written from the reused digests; then a change, after which
+    // the seal is hashed anew: the next process adopts the changed tables, not the old ones.
+    let mut third = restart(&mut second);
+    let out = third.sync(&st, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 2, "{out}");
+    let mut changed = st.clone();
+    changed.services.pop_first().unwrap();
+    let out = third.sync(&changed, &settings(), false).unwrap();
+    assert!(out.report.messages > 0, "{out}");
+    assert!(third.seal().unwrap());
+    let three = sealed(&mut third);
+    assert_ne!(three.salt, one.salt);
+    let mut fourth = restart(&mut third);
+    let out = fourth.sync(&changed, &settings(), false).unwrap();
+    assert_eq!(out.report.tables_adopted, 2, "{out}");
+    let mut fifth = restart(&mut fourth);
+    let out = fifth.sync(&st, &settings(), false).unwrap();
+    // (The table whose elements the change left alone may be adopted.)
+    assert!(
+        out.report.tables_adopted < 2 && out.report.elements_added > 0,
+        "{out}"
+    );
+    assert!(fifth.kernel().tables == full_tables(&st, &settings()).tables);
+}
