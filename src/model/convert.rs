@@ -42,9 +42,14 @@ pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
 const MAX_AFFINITY_TIMEOUT: u32 = 86400;
 
-/// Builds [`Rejected`] reports for one object.
-struct Ctx {
-    object: String,
+/// Builds [`Rejected`] reports for one object, whose name it writes out only when it rejects
+/// something: formatted up front, it was two `format!`s per Service and per EndpointSlice on
+/// every load and every watch event (~3 % of reading 50k Services × 5 endpoints, callgrind).
+struct Ctx<'a> {
+    kind: &'static str,
+    /// `None` for a cluster-scoped object.
+    namespace: Option<&'a str>,
+    name: &'a str,
 }
 
 /// Where in the object a checked value is (`spec.ports[0].port`), written out only when a
@@ -63,7 +68,14 @@ impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for Path<F> {
     }
 }
 
-impl Ctx {
+impl Ctx<'_> {
+    fn object(&self) -> String {
+        match self.namespace {
+            Some(ns) => format!("{} {ns}/{}", self.kind, self.name),
+            None => format!("{} {}", self.kind, self.name),
+        }
+    }
+
     fn reject(
         &self,
         field: impl Into<String>,
@@ -71,7 +83,7 @@ impl Ctx {
         reason: impl Into<String>,
     ) -> Rejected {
         Rejected {
-            object: self.object.clone(),
+            object: self.object(),
             field: field.into(),
             value: value.into(),
             reason: reason.into(),
@@ -180,6 +192,11 @@ pub fn special_address(ip: &IpAddr) -> Option<&'static str> {
 /// [`ip_field`] for an address that must also not be [`special_address`].
 fn routable_ip_field(ctx: &Ctx, field: impl Field, raw: &str) -> Result<IpAddr, Rejected> {
     let ip = ip_field(ctx, field, raw)?;
+    routable(ctx, field, raw, ip)
+}
+
+/// `ip` (read from `raw`), unless it is a special address no Service can be reached at.
+fn routable(ctx: &Ctx, field: impl Field, raw: &str, ip: IpAddr) -> Result<IpAddr, Rejected> {
     match special_address(&ip) {
         None => Ok(ip),
         Some(class) => Err(ctx.reject(
@@ -203,8 +220,11 @@ pub fn service_noting(
     dropped: &mut Vec<Rejected>,
 ) -> Result<Option<Service>, Rejected> {
     let name = names("Service", &svc.metadata)?;
+    // The metadata's own strings, which `names` checked and copied into `name`.
     let ctx = Ctx {
-        object: format!("Service {name}"),
+        kind: "Service",
+        namespace: Some(svc.metadata.namespace.as_deref().unwrap_or_default()),
+        name: svc.metadata.name.as_deref().unwrap_or_default(),
     };
     if ignored_service_reason(svc).is_some() {
         return Ok(None);
@@ -326,13 +346,15 @@ pub fn service_noting(
 
 /// Namespace and name of a namespaced object; both are required.
 fn names(
-    kind: &str,
+    kind: &'static str,
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> Result<ServiceName, Rejected> {
     let name = meta.name.as_deref().unwrap_or_default();
     let namespace = meta.namespace.as_deref().unwrap_or_default();
     let ctx = Ctx {
-        object: format!("{kind} {namespace}/{name}"),
+        kind,
+        namespace: Some(namespace),
+        name,
     };
     if name.is_empty() {
         return Err(ctx.reject(

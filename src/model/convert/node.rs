@@ -7,7 +7,9 @@ use super::*;
 pub fn node(n: &core::Node) -> Result<Node, Rejected> {
     let name = n.metadata.name.clone().unwrap_or_default();
     let ctx = Ctx {
-        object: format!("Node {name}"),
+        kind: "Node",
+        namespace: None,
+        name: &name,
     };
     if name.is_empty() {
         return Err(ctx.reject("metadata.name", "", "missing; every Node needs a name"));

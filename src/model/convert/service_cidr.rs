@@ -18,7 +18,9 @@ const MIN_PREFIX_V6: u8 = 64;
 pub fn service_cidr(obj: &networking::ServiceCIDR) -> Result<(String, Vec<IpNet>), Rejected> {
     let name = obj.metadata.name.clone().unwrap_or_default();
     let ctx = Ctx {
-        object: format!("ServiceCIDR {name}"),
+        kind: "ServiceCIDR",
+        namespace: None,
+        name: &name,
     };
     if name.is_empty() {
         return Err(ctx.reject(

@@ -31,7 +31,9 @@ pub fn endpoint_slice_noting(
 ) -> Result<Option<EndpointSlice>, Rejected> {
     let name = names("EndpointSlice", &s.metadata)?;
     let ctx = Ctx {
-        object: format!("EndpointSlice {name}"),
+        kind: "EndpointSlice",
+        namespace: Some(&name.namespace),
+        name: &name.name,
     };
     if ignored_slice_reason(s).is_some() {
         return Ok(None);
@@ -103,7 +105,7 @@ pub fn endpoint_slice_noting(
         };
         let field = Path(|f: &mut fmt::Formatter<'_>| write!(f, "endpoints[{i}].addresses[0]"));
         let addr = ip_field(&ctx, field, raw)?;
-        if let Err(report) = routable_ip_field(&ctx, field, raw) {
+        if let Err(report) = routable(&ctx, field, raw, addr) {
             dropped.push(dropped_report(report));
             continue;
         }
