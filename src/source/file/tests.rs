@@ -103,6 +103,14 @@ fn items_the_check_leaves_to_values_read_as_through_values() {
         svc.replacen("\"Service\"", "\"ConfigMap\"", 1),
         svc.replacen("\"port\": 80", "\"port\": \"eighty\"", 1),
         svc.replacen("\"port\": 80", "\"port\": 80.5", 1),
+        // Numbers that skipping accepts and parsing finds out of range, or nearly.
+        svc.replacen("\"port\": 80", "\"port\": 1e400", 1),
+        svc.replacen("\"port\": 80", "\"port\": -1E400", 1),
+        svc.replacen("\"port\": 80", &format!("\"port\": {}", "9".repeat(400)), 1),
+        svc.replacen("\"port\": 80", &format!("\"port\": 1.{}", "9".repeat(400)), 1),
+        svc.replacen("\"port\": 80", "\"port\": 1e300", 1),
+        svc.replacen("\"port\": 80", "\"port\": 18446744073709551616", 1),
+        svc.replacen("\"a\": \"1\"", "\"a\": \"1\", \"n\": 1e999", 1),
         // Keys in another order, name before namespace, whitespace everywhere.
         r#"{"spec": {"clusterIP": "10.96.0.9", "ports": [{"port": 80}]}, "metadata": {"name": "z", "namespace": "ns"}, "kind": "Service", "apiVersion": "v1"}"#.to_string(),
         svc.replace(", ", " ,\n\t ").replace(": ", " :\r\n "),
@@ -226,6 +234,12 @@ fn the_scan_finds_the_head_and_repeated_keys_and_leaves_escapes_to_serde() {
     // Escapes that do not matter, and a quote escaped inside a value.
     let escaped_value = svc.replacen("\"1\"", "\"\\n\\\"\\u00e9\"", 1);
     assert_eq!(scanned(&escaped_value), "clean Some(Service) \"ns/s1\"");
+    let literals = svc.replacen(
+        "\"port\": 80",
+        "\"port\": 80, \"x\": [true, false, null, -0.5]",
+        1,
+    );
+    assert_eq!(scanned(&literals), "clean Some(Service) \"ns/s1\"");
     for repeated in [
         svc.replacen("\"a\": \"1\"", "\"a\": \"1\", \"a\": \"1\"", 1),
         svc.replacen("\"port\": 80", "\"port\": 80, \"port\": 80", 1),
@@ -247,6 +261,9 @@ fn the_scan_finds_the_head_and_repeated_keys_and_leaves_escapes_to_serde() {
             "[".repeat(MAX_DEPTH + 1),
             "]".repeat(MAX_DEPTH + 1)
         ),
+        svc.replacen("\"port\": 80", "\"port\": 8e1", 1),
+        svc.replacen("\"port\": 80", "\"port\": 0.8E+2", 1),
+        svc.replacen("\"port\": 80", &format!("\"port\": {}", "1".repeat(65)), 1),
     ] {
         assert_eq!(scanned(&unsure), "unsure", "{unsure}");
     }
@@ -258,4 +275,34 @@ fn the_scan_finds_the_head_and_repeated_keys_and_leaves_escapes_to_serde() {
         scanned(&format!("{{{}}}", many.join(", "))),
         "clean None \"\""
     );
+}
+
+#[test]
+fn the_end_of_a_string_is_found_wherever_it_falls_in_a_word() {
+    for len in 0..24 {
+        for at in 0..len {
+            for c in [b'"', b'\\'] {
+                // Bytes just above and below the ones looked for, and UTF-8's high bytes.
+                let mut text: Vec<u8> = (0..len)
+                    .map(|i| [b'!', b'#', b'[', b']', 0xc3, 0xa9][i % 6])
+                    .collect();
+                text[at] = c;
+                for from in 0..=at {
+                    assert_eq!(
+                        quote_or_backslash(&text, from),
+                        Some(at),
+                        "{text:?} from {from}"
+                    );
+                }
+                if at + 1 < len {
+                    text[at + 1] = b'"';
+                    assert_eq!(quote_or_backslash(&text, at + 1), Some(at + 1), "{text:?}");
+                }
+            }
+        }
+        let none: Vec<u8> = (0..len)
+            .map(|i| [b'!', b'#', b'[', b']', 0xc3, 0xa9][i % 6])
+            .collect();
+        assert_eq!(quote_or_backslash(&none, 0), None, "{none:?}");
+    }
 }
