@@ -339,27 +339,29 @@ impl<'p> Reader<'p> {
         self.send(Job::Item(origin, value));
     }
 
-    /// Takes in one list item's text ([`raw`]): handed over as text when its check passes and
-    /// it is of a kind nodeproxy reads, as a value otherwise. `false` when the check failed:
-    /// reading this file should stop with an error, to be read again through values.
+    /// Takes in one list item's text ([`raw`]): handed over as text when its scan is clean and
+    /// it is of a kind nodeproxy reads, as a value otherwise. `false` when the file should be
+    /// read again through values: a key repeated, or an item that may read differently alone
+    /// than in its file.
     fn raw_item(&mut self, raw: Box<RawValue>) -> bool {
-        let Some(head) = check(&raw) else {
-            return false;
+        let fast = match check(&raw) {
+            Scan::Repeated => return false,
+            Scan::Clean(head) => head
+                .kind()
+                .map(|kind| (kind, head.name(kind.cluster_scoped()))),
+            Scan::Unsure => None,
         };
-        if let Some(kind) = head.kind() {
-            let name = head.name(matches!(kind, Kind::Node | Kind::ServiceCidr));
-            drop(head);
+        if let Some((kind, name)) = fast {
             let origin = self.next_origin();
             self.send(Job::Raw(origin, raw, kind, name));
             return true;
         }
-        drop(head);
         match serde_json::from_str::<Strict>(raw.get()) {
-            Ok(Strict(value)) => {
+            Ok(Strict(value)) if depth(&value) <= MAX_DEPTH => {
                 flatten(value, &mut |v| self.item(v));
                 true
             }
-            Err(_) => false,
+            _ => false,
         }
     }
 

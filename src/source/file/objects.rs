@@ -31,6 +31,11 @@ impl Kind {
         }
     }
 
+    /// Whether objects of this kind have no namespace.
+    pub(super) fn cluster_scoped(self) -> bool {
+        matches!(self, Kind::Node | Kind::ServiceCidr)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Kind::Service => "Service",
@@ -152,26 +157,29 @@ pub(super) fn read_item(origin: Origin<'_>, value: Value) -> Entry<'_> {
         Ok(kind) => kind,
         Err(report) => return Entry::Report(report),
     };
-    let mut object = Object {
-        origin,
-        kind,
-        name: object_name(&value, matches!(kind, Kind::Node | Kind::ServiceCidr)),
-        outcome: Outcome::Ignored(""),
-        dropped: Vec::new(),
-    };
-    let mut dropped = Vec::new();
-    object.outcome = object.convert(Source::Value(&value), &mut dropped);
-    object.dropped = dropped;
-    Entry::Object(object)
+    let name = object_name(&value, kind.cluster_scoped());
+    read_object(origin, kind, name, Source::Value(&value))
 }
 
-/// [`read_item`] for an item's text whose check found it of `kind`, with `name` from its
+/// [`read_item`] for an item's text whose scan found it of `kind`, with `name` from its
 /// metadata ([`raw`]).
 pub(super) fn read_raw<'a>(
     origin: Origin<'a>,
     raw: &RawValue,
     kind: Kind,
     name: Option<String>,
+) -> Entry<'a> {
+    #[cfg(test)]
+    super::tests::RAW_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    read_object(origin, kind, name, Source::Text(raw.get()))
+}
+
+/// Converts an object of a kind nodeproxy reads.
+fn read_object<'a>(
+    origin: Origin<'a>,
+    kind: Kind,
+    name: Option<String>,
+    source: Source<'_>,
 ) -> Entry<'a> {
     let mut object = Object {
         origin,
@@ -180,10 +188,8 @@ pub(super) fn read_raw<'a>(
         outcome: Outcome::Ignored(""),
         dropped: Vec::new(),
     };
-    #[cfg(test)]
-    super::tests::RAW_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut dropped = Vec::new();
-    object.outcome = object.convert(Source::Text(raw.get()), &mut dropped);
+    object.outcome = object.convert(source, &mut dropped);
     object.dropped = dropped;
     Entry::Object(object)
 }
@@ -317,8 +323,24 @@ pub(super) fn classify(origin: &Origin<'_>, value: &Value) -> Result<Kind, Repor
 /// if the metadata holds a name.
 pub(super) fn object_name(value: &Value, cluster_scoped: bool) -> Option<String> {
     let meta = value.get("metadata")?;
-    let name = meta.get("name")?.as_str().filter(|n| !n.is_empty())?;
-    Some(match meta.get("namespace").and_then(Value::as_str) {
+    joined_name(
+        meta.get("name")?.as_str()?,
+        meta.get("namespace").and_then(Value::as_str),
+        cluster_scoped,
+    )
+}
+
+/// `namespace/name`, or `name` when the object is cluster-scoped or no namespace is written;
+/// `None` for an empty name.
+pub(super) fn joined_name(
+    name: &str,
+    namespace: Option<&str>,
+    cluster_scoped: bool,
+) -> Option<String> {
+    if name.is_empty() {
+        return None;
+    }
+    Some(match namespace {
         Some(ns) if !ns.is_empty() && !cluster_scoped => format!("{ns}/{name}"),
         _ => name.to_owned(),
     })

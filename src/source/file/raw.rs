@@ -1,13 +1,14 @@
 //! JSON list items read without a generic value: the parsing thread takes each item's text,
-//! checks it for repeated keys and takes its kind, apiVersion and name, and the converting
+//! scans it for repeated keys and for its kind, apiVersion and name, and the converting
 //! thread decodes the text straight into its k8s-openapi type.
 //!
 //! Through a [`Value`], every string of an item was allocated twice (into the value, then into
 //! the typed object) and every mapping built as a B-tree and freed again: at 10k Services × 10
 //! endpoints, building, decoding and freeing the values was most of reading the input. The
 //! result is the same either way, and anything unusual goes the way of the value: an item of a
-//! kind nodeproxy does not read (its report names it from the value), a nested list, an object
-//! that does not match its schema (the value pinpoints the field); and on a repeated key, or
+//! kind nodeproxy does not read (its report names it from the value), a nested list, an item
+//! the scan is unsure of (an escape in a key, …), an object that does not match its schema
+//! (the value pinpoints the field); and on a repeated key, or
 //! any error at all while the file is read this way, the whole file is read again through
 //! values, so that the error and its position are exactly what that reading reports (skipping
 //! an item into its text words some syntax errors differently). The tests and the fuzz target
@@ -17,7 +18,7 @@ use std::borrow::Cow;
 
 use super::*;
 
-/// What the check of an item found at its top: `kind` and `apiVersion`, and `name` and
+/// What the scan of an item found at its top: `kind` and `apiVersion`, and `name` and
 /// `namespace` in its `metadata`, each when it is a string.
 #[derive(Default)]
 pub(super) struct Head<'de> {
@@ -37,46 +38,37 @@ impl Head<'_> {
 
     /// What [`object_name`] takes from the same object.
     pub(super) fn name(&self, cluster_scoped: bool) -> Option<String> {
-        let name = self.name.as_deref().filter(|n| !n.is_empty())?;
-        Some(match self.namespace.as_deref() {
-            Some(ns) if !ns.is_empty() && !cluster_scoped => format!("{ns}/{name}"),
-            _ => name.to_owned(),
-        })
+        joined_name(
+            self.name.as_deref()?,
+            self.namespace.as_deref(),
+            cluster_scoped,
+        )
     }
 }
 
-/// Checks an item's text as [`Strict`] would read it (no key twice in one mapping) and takes
-/// its [`Head`]; `None` when anything is wrong, to be found again by reading through values.
-pub(super) fn check(raw: &RawValue) -> Option<Head<'_>> {
-    let mut keys = Vec::with_capacity(32);
-    match scan(raw.get(), &mut keys) {
-        Scan::Clean(head) => return Some(head),
-        Scan::Repeated => return None,
-        Scan::Unsure => {}
+/// Scans an item's text ([`scan`]) with a fresh list of keys.
+pub(super) fn check(raw: &RawValue) -> Scan<'_> {
+    scan(raw.get(), &mut Vec::with_capacity(32))
+}
+
+/// How deeply `value`'s mappings and arrays nest; an item read through values past
+/// [`MAX_DEPTH`] may read differently alone than in its file.
+pub(super) fn depth(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        _ => 0,
     }
-    let mut head = Head::default();
-    keys.clear();
-    let mut de = serde_json::Deserializer::from_str(raw.get());
-    Check {
-        keys: &mut keys,
-        head: &mut head,
-        at: At::Top,
-        depth: 0,
-    }
-    .deserialize(&mut de)
-    .ok()?;
-    de.end().ok()?;
-    Some(head)
 }
 
 /// What [`scan`] found.
 pub(super) enum Scan<'de> {
     Clean(Head<'de>),
     Repeated,
-    /// Something the scan leaves to serde: an escape in a key or in a string the [`Head`]
-    /// takes, a `\u` escape of a surrogate (serde_json's skipping lets a lone one through,
-    /// its parsing does not), a number with an exponent or longer than 64 characters (which
-    /// skipping lets through out of range), or nesting deeper than [`MAX_DEPTH`].
+    /// Something the scan leaves to reading through values: an escape in a key or in a string
+    /// the [`Head`] takes, a `\u` escape of a surrogate (serde_json's skipping lets a lone one
+    /// through, its parsing does not), a number with an exponent or longer than 64 characters
+    /// (which skipping lets through out of range), or nesting deeper than [`MAX_DEPTH`].
     Unsure,
 }
 
@@ -87,11 +79,12 @@ struct Open {
     at: At,
 }
 
-/// [`Check`] by hand, over text that serde_json has already found to be JSON (skipping it
+/// Checks an item's text as [`Strict`] would read it (no key twice in one mapping) and takes
+/// its [`Head`], by hand, over text that serde_json has already found to be JSON (skipping it
 /// into a [`RawValue`] validates everything but the surrogates of `\u` escapes and the range
-/// of numbers): through serde's visitors the check cost about as much as building the generic
-/// value it replaces (callgrind at 10k Services × 10 endpoints: 362 M instructions, against
-/// 228 M for this; the skipping itself is another 196 M).
+/// of numbers): through serde's visitors the same check cost about as much as building the
+/// generic value it replaces (callgrind at 10k Services × 10 endpoints: 362 M instructions,
+/// against 228 M for this; the skipping itself is another 196 M).
 #[inline(never)]
 pub(super) fn scan<'de>(text: &'de str, keys: &mut Vec<Cow<'de, str>>) -> Scan<'de> {
     let bytes = text.as_bytes();
@@ -286,172 +279,7 @@ enum At {
     Inside,
 }
 
-/// Reads a value without keeping it, failing on a key repeated in one mapping; gives the value
-/// when it is a string.
-struct Check<'s, 'de> {
-    /// The keys of the mappings being read, innermost last; each mapping truncates back to
-    /// where its own began, so one allocation serves the whole item.
-    keys: &'s mut Vec<Cow<'de, str>>,
-    head: &'s mut Head<'de>,
-    at: At,
-    /// How many mappings and arrays of the item enclose this value.
-    depth: usize,
-}
-
-/// The deepest nesting the check lets through. serde_json refuses a file nested 128 deep, and
+/// The deepest nesting the scan lets through. serde_json refuses a file nested 128 deep, and
 /// an item of a list starts two levels down, so an item nested deeper than this may read
-/// differently from its text alone than from its file: it is read through values instead.
+/// differently from its text alone than from its file: the file is read through values.
 pub(super) const MAX_DEPTH: usize = 100;
-
-impl<'de> DeserializeSeed<'de> for Check<'_, 'de> {
-    type Value = Option<Cow<'de, str>>;
-
-    fn deserialize<D: de::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Check<'_, 'de> {
-    type Value = Option<Cow<'de, str>>;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter.write_str("any valid JSON value")
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Some(Cow::Borrowed(v)))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Some(Cow::Owned(v.to_owned())))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Some(Cow::Owned(v)))
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let depth = deeper::<A::Error>(self.depth)?;
-        while seq
-            .next_element_seed(Check {
-                keys: &mut *self.keys,
-                head: &mut *self.head,
-                at: At::Inside,
-                depth,
-            })?
-            .is_some()
-        {}
-        Ok(None)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let depth = deeper::<A::Error>(self.depth)?;
-        let start = self.keys.len();
-        while let Some(key) = map.next_key_seed(Key)? {
-            let at = match (self.at, key.as_ref()) {
-                (At::Top, "metadata") => At::Metadata,
-                _ => At::Inside,
-            };
-            let value = map.next_value_seed(Check {
-                keys: &mut *self.keys,
-                head: &mut *self.head,
-                at,
-                depth,
-            })?;
-            let slot = match (self.at, key.as_ref()) {
-                (At::Top, "kind") => Some(&mut self.head.kind),
-                (At::Top, "apiVersion") => Some(&mut self.head.api_version),
-                (At::Metadata, "name") => Some(&mut self.head.name),
-                (At::Metadata, "namespace") => Some(&mut self.head.namespace),
-                _ => None,
-            };
-            if let Some(slot) = slot {
-                *slot = value;
-            }
-            self.keys.push(key);
-        }
-        // Sorted, a repeated key sits next to itself: a mapping with many keys costs
-        // n log n, not n² (a hostile file may hold one with a million).
-        let own = self.keys.get_mut(start..).unwrap_or_default();
-        own.sort_unstable();
-        let repeated = own.windows(2).any(|w| w.first() == w.last());
-        self.keys.truncate(start);
-        if repeated {
-            return Err(de::Error::custom("duplicate key"));
-        }
-        Ok(None)
-    }
-}
-
-/// The depth of what a mapping or array at `depth` holds, or an error past [`MAX_DEPTH`].
-fn deeper<E: de::Error>(depth: usize) -> Result<usize, E> {
-    if depth >= MAX_DEPTH {
-        return Err(E::custom("nested too deep to be read from its text alone"));
-    }
-    Ok(depth + 1)
-}
-
-/// A mapping's key, borrowed from the text unless it holds escapes.
-struct Key;
-
-impl<'de> DeserializeSeed<'de> for Key {
-    type Value = Cow<'de, str>;
-
-    fn deserialize<D: de::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Key {
-    type Value = Cow<'de, str>;
-
-    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter.write_str("a string key")
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Cow::Borrowed(v))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Cow::Owned(v.to_owned()))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Cow::Owned(v))
-    }
-}

@@ -200,7 +200,7 @@ fn the_threads_parts_merge_in_the_order_handed_out_with_take_backs_applied() {
 }
 
 #[test]
-fn the_scan_finds_the_head_and_repeated_keys_and_leaves_escapes_to_serde() {
+fn the_scan_finds_the_head_and_repeated_keys_and_leaves_escapes_to_values() {
     let svc = service(1);
     let scanned = |text: &str| {
         let mut keys = Vec::new();
