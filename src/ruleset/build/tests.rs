@@ -289,20 +289,30 @@ fn sort_stably_is_the_stable_sort_by_key() {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
-                Element {
-                    key: vec![Atom::Port(u16::try_from(seed % 16).unwrap())],
-                    data: None,
-                    comment: Some(Arc::from(i.to_string())),
-                    origin: None,
-                }
+                tagged(vec![Atom::Port(u16::try_from(seed % 16).unwrap())], i)
             })
             .collect();
-        let mut expected = elements.clone();
-        expected.sort_by(|a, b| a.key.cmp(&b.key));
-        let mut sorted = elements;
-        sort_stably(&mut sorted);
-        assert_eq!(sorted, expected, "{len} elements");
+        assert_sorts_as_std_does(elements);
     }
+}
+
+/// An element with `key`, tagged with `i` in its comment so that ties can be told apart.
+fn tagged(key: Vec<Atom>, i: usize) -> Element {
+    Element {
+        key,
+        data: None,
+        comment: Some(Arc::from(i.to_string())),
+        origin: None,
+    }
+}
+
+/// `sort_stably` orders `elements` as std's stable sort by key does.
+fn assert_sorts_as_std_does(elements: Vec<Element>) {
+    let mut expected = elements.clone();
+    expected.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut sorted = elements;
+    sort_stably(&mut sorted);
+    assert_eq!(sorted, expected, "{} elements", expected.len());
 }
 
 #[test]
@@ -339,16 +349,7 @@ fn sort_stably_orders_mixed_keys_as_their_atoms_do() {
         usize::try_from(seed % n as u64).unwrap()
     };
     let elements: Vec<Element> = (0..3000)
-        .map(|i| Element {
-            key: (0..next(6)).map(|_| atoms[next(atoms.len())]).collect(),
-            data: None,
-            comment: Some(Arc::from(i.to_string())),
-            origin: None,
-        })
+        .map(|i| tagged((0..next(6)).map(|_| atoms[next(atoms.len())]).collect(), i))
         .collect();
-    let mut expected = elements.clone();
-    expected.sort_by(|a, b| a.key.cmp(&b.key));
-    let mut sorted = elements;
-    sort_stably(&mut sorted);
-    assert!(sorted == expected);
+    assert_sorts_as_std_does(elements);
 }
