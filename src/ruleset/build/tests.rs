@@ -353,3 +353,42 @@ fn sort_stably_orders_mixed_keys_as_their_atoms_do() {
         .collect();
     assert_sorts_as_std_does(elements);
 }
+
+#[test]
+fn sort_stably_orders_pick_keys_whole_in_their_prefix_and_not() {
+    // Pick-map keys (address . protocol . port . slot) over random IPv4 and IPv6 addresses, so
+    // that every byte of the prefix varies somewhere, many keys repeated; IPv6 keys share
+    // prefixes and are told apart by the key.
+    let mut seed = 0x1234_5678_9abc_def1_u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let elements: Vec<Element> = (0..20_000)
+        .map(|i| {
+            let r = next();
+            // A few hundred addresses, their bits spread over every byte of the prefix.
+            let pool = u32::try_from((r >> 32) % 300)
+                .unwrap()
+                .wrapping_mul(0x9e37_79b9);
+            let addr = if (r >> 24) % 3 == 0 {
+                // The low bits, which the prefix has no room for, differ.
+                let v6 = u128::from(pool) << 96 | u128::from(pool) << 40 | u128::from(r % 4);
+                Atom::Addr(std::net::Ipv6Addr::from(v6).into())
+            } else {
+                Atom::Addr(std::net::Ipv4Addr::from(pool).into())
+            };
+            let proto =
+                [Protocol::Tcp, Protocol::Udp, Protocol::Sctp][usize::try_from(r % 3).unwrap()];
+            let port = u16::try_from((r >> 8) % 4).unwrap();
+            let slot = u32::try_from((r >> 16) % 3).unwrap();
+            tagged(
+                vec![addr, Atom::Proto(proto), Atom::Port(port), Atom::Int(slot)],
+                i,
+            )
+        })
+        .collect();
+    assert_sorts_as_std_does(elements);
+}
