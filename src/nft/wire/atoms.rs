@@ -69,18 +69,23 @@ pub(crate) fn addr_offset(family: IpFamily, field: AddrField) -> u32 {
     }
 }
 
-/// Encodes one key or data atom list (padded to 4 bytes per field when concatenated).
+/// Encodes one key or data atom list (padded to 4 bytes per field when concatenated), in
+/// `scratch`, a buffer the caller reuses: most keys and values are held inline
+/// ([`ElemBytes`]), and a vector per encoding was an allocation and a free per key and value
+/// (encoding took 81 instead of 65 M instructions of a cold `--once` at 10k × 10).
 pub(super) fn encode_atoms(
+    scratch: &mut Vec<u8>,
     family: IpFamily,
     fields: &[KeyField],
     atoms: &[Atom],
 ) -> Result<ElemBytes, String> {
-    encode_atoms_at(family, fields, atoms, false)
+    encode_atoms_at(scratch, family, fields, atoms, false)
 }
 
 /// Encodes the first (`end` false) or last (`end` true) key of a range element: ranges
 /// ([`Atom::Net`]) contribute their first or last address, other atoms themselves.
 pub(super) fn encode_atoms_at(
+    scratch: &mut Vec<u8>,
     family: IpFamily,
     fields: &[KeyField],
     atoms: &[Atom],
@@ -94,7 +99,8 @@ pub(super) fn encode_atoms_at(
         ));
     }
     let concat = fields.len() > 1;
-    let mut out = Vec::with_capacity(fields.len() * 4 + 12);
+    let out = scratch;
+    out.clear();
     for (f, a) in fields.iter().zip(atoms) {
         let start = out.len();
         match (f, a, family) {
@@ -129,7 +135,7 @@ pub(super) fn encode_atoms_at(
             out.resize(start + pad4_len(l), 0);
         }
     }
-    Ok(out.into())
+    Ok(ElemBytes::from(out.as_slice()))
 }
 
 /// The inverse of [`encode_atoms`] for exact values (no ranges): the atoms `bytes` hold for
