@@ -1762,6 +1762,38 @@ fn once_seals_and_the_next_once_adopts() {
 }
 
 #[test]
+fn once_seals_a_changed_table_with_the_digest_made_while_it_was_sent() {
+    let mut k = FakeKernel::new();
+    let salt = |k: &FakeKernel| Seal::parse(k.seal.as_deref().unwrap()).unwrap().salt;
+    let st = state();
+    let reload = || -> Result<ClusterState, NftError> { unreachable!("nothing is rejected") };
+    super::once(&mut k, st.clone(), &settings(), reload).unwrap();
+    let first = salt(&k);
+
+    // An endpoint moved: the ip table is sent (and hashed meanwhile, with the salt of the
+    // seal the ip6 table is adopted on), the ip6 table adopted; both are sealed together.
+    let mut moved = st.clone();
+    let slice = moved.slices.values_mut().next().unwrap();
+    slice.endpoints[0].addr = "198.51.100.99".parse().unwrap();
+    k.reopen();
+    let out = super::once(&mut k, moved.clone(), &settings(), reload).unwrap();
+    assert_eq!(out.report.tables_adopted, 1, "{out}");
+    assert!(out.report.messages > 0, "{out}");
+    assert_eq!(
+        salt(&k),
+        first,
+        "the seal was hashed again with a fresh salt"
+    );
+
+    // That seal holds: the next process adopts both tables, and they are a full build's.
+    k.reopen();
+    let out = super::once(&mut k, moved.clone(), &settings(), reload).unwrap();
+    assert_eq!(out.report.tables_adopted, 2, "{out}");
+    assert_eq!(out.report.messages, 0, "{out}");
+    assert!(k.tables == full_tables(&moved, &settings()).tables);
+}
+
+#[test]
 fn a_seal_after_adopting_unchanged_tables_reuses_their_digests_and_one_after_a_change_does_not() {
     let st = state();
     let sealed =
