@@ -137,15 +137,9 @@ fn sort_stably(elements: &mut [Element]) {
     let mut order: Vec<Ranked> = elements
         .iter()
         .enumerate()
-        .map(|(at, e)| {
-            let prefix = sort_prefix(&e.key);
-            Ranked {
-                // The two halves of the prefix: `u128`'s alignment would make a position 32
-                // bytes.
-                hi: u64::try_from(prefix >> 64).unwrap_or(u64::MAX),
-                lo: u64::try_from(prefix & u128::from(u64::MAX)).unwrap_or(u64::MAX),
-                at,
-            }
+        .map(|(at, e)| Ranked {
+            prefix: sort_prefix(&e.key).to_le_bytes(),
+            at,
         })
         .collect();
     radix_sort(&mut order);
@@ -153,10 +147,10 @@ fn sort_stably(elements: &mut [Element]) {
     // sort kept such a run in position order, which breaks the ties between equal keys.
     let mut start = 0;
     while start < order.len() {
-        let (hi, lo) = (order[start].hi, order[start].lo);
+        let prefix = order[start].prefix;
         let len = order[start..]
             .iter()
-            .take_while(|r| r.hi == hi && r.lo == lo)
+            .take_while(|r| r.prefix == prefix)
             .count();
         if len > 1 {
             order[start..start + len].sort_unstable_by(|a, b| {
@@ -183,19 +177,18 @@ fn sort_stably(elements: &mut [Element]) {
     }
 }
 
-/// A position in a set's elements and its key's [`sort_prefix`], in two halves.
+/// A position in a set's elements and its key's [`sort_prefix`], as bytes from the lowest: a
+/// `u128` would align the position to 32 bytes instead of 24.
 #[derive(Clone, Copy, Default)]
 struct Ranked {
-    hi: u64,
-    lo: u64,
+    prefix: [u8; 16],
     at: usize,
 }
 
 impl Ranked {
     /// The prefix's byte `d`, from the lowest (0) to the highest (15).
     fn byte(&self, d: usize) -> usize {
-        let word = if d < 8 { self.lo } else { self.hi };
-        usize::from(word.to_le_bytes()[d % 8])
+        usize::from(self.prefix[d])
     }
 }
 
