@@ -496,24 +496,26 @@ impl<K: Kernel> Syncer<K> {
             rep.diff += t.elapsed();
             let sent = match have {
                 Some(defs) if adopted => self.apply_adopted(family, &name, defs, &mut want, rep)?,
-                have if self.hashes_while_sending => {
-                    let salt = self.seal_salt();
+                have => {
+                    let salt = self.hashes_while_sending.then(|| self.seal_salt());
                     let kernel = &mut self.kernel;
+                    let want = &want;
                     let (sent, digest) = std::thread::scope(|s| {
-                        let hashing = std::thread::Builder::new()
-                            .spawn_scoped(s, || seal::digest(&want, salt))
-                            .ok();
-                        let sent = nft::apply_diff(kernel, have.as_ref(), &want, rep);
+                        let hashing = salt.and_then(|salt| {
+                            std::thread::Builder::new()
+                                .spawn_scoped(s, move || (salt, seal::digest(want, salt)))
+                                .ok()
+                        });
+                        let sent = nft::apply_diff(kernel, have.as_ref(), want, rep);
                         (sent, hashing.and_then(|h| h.join().ok()))
                     });
                     let sent = sent?;
                     // Without a thread, or if it failed, the seal hashes the table itself.
-                    if let Some(digest) = digest {
+                    if let Some((salt, digest)) = digest {
                         self.digests.push((family, salt, digest));
                     }
                     sent
                 }
-                have => nft::apply_diff(&mut self.kernel, have.as_ref(), &want, rep)?,
             };
             if let Some(st) = sent {
                 if drifted {
