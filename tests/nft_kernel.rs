@@ -132,10 +132,9 @@ fn converges_and_removes_foreign_objects() {
         let mut rs = ruleset();
         let t = &mut rs.tables[0];
         let eps = t.sets.iter_mut().find(|s| s.name == "eps-k2").unwrap();
-        eps.elements[1].data = Some(ElemData::Value(vec![
-            Atom::Addr("10.244.3.7".parse().unwrap()),
-            Atom::Port(53),
-        ]));
+        eps.elements[1].data = Some(ElemData::Value(
+            [Atom::Addr("10.244.3.7".parse().unwrap()), Atom::Port(53)].into(),
+        ));
         let cips = t.sets.iter_mut().find(|s| s.name == "cluster-ips").unwrap();
         cips.elements.remove(1);
         t.sets.retain(|s| s.name != "endpoints-plain");
@@ -405,12 +404,13 @@ fn a_100k_element_table_loads_and_one_changed_element_is_one_delete_and_one_add(
             for slot in 0..2u32 {
                 let mut e = base.clone();
                 let ip = std::net::Ipv4Addr::from(0x0a60_0000 + i);
-                e.key = vec![
+                e.key = [
                     Atom::Addr(ip.into()),
                     Atom::Proto(nodeproxy::model::Protocol::Tcp),
                     Atom::Port(80),
                     Atom::Int(slot),
-                ];
+                ]
+                .into();
                 eps.elements.push(e);
             }
         }
@@ -441,10 +441,9 @@ fn a_100k_element_table_loads_and_one_changed_element_is_one_delete_and_one_add(
             .iter_mut()
             .find(|s| s.name == "eps-k2")
             .unwrap();
-        eps.elements[7].data = Some(ElemData::Value(vec![
-            Atom::Addr("10.1.1.1".parse().unwrap()),
-            Atom::Port(1),
-        ]));
+        eps.elements[7].data = Some(ElemData::Value(
+            [Atom::Addr("10.1.1.1".parse().unwrap()), Atom::Port(1)].into(),
+        ));
         let rep2 = nft::sync(&mut k, rs2.clone()).unwrap();
         eprintln!("1 change: {rep2:?}");
         assert_eq!((rep2.elements_added, rep2.elements_removed), (1, 1));

@@ -351,7 +351,7 @@ fn addr(family: IpFamily, last: u8) -> Atom {
 
 fn element(key: Vec<Atom>, data: Option<ElemData>) -> Element {
     Element {
-        key,
+        key: key.into(),
         data,
         comment: None,
         origin: None,
@@ -376,7 +376,7 @@ fn build_dnat_map(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
         typeof_: true,
         elements: vec![element(
             service_atoms(family),
-            Some(ElemData::Value(vec![addr(family, 2), Atom::Port(5353)])),
+            Some(ElemData::Value([addr(family, 2), Atom::Port(5353)].into())),
         )],
         kind: Default::default(),
     };

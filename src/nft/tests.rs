@@ -17,11 +17,12 @@ fn origin(name: &str) -> ServicePortName {
 
 fn svc_elem(last: u8, port: u16, chain: &str) -> Element {
     Element {
-        key: vec![
+        key: [
             Atom::Addr([10, 96, 0, last].into()),
             Atom::Proto(Protocol::Tcp),
             Atom::Port(port),
-        ],
+        ]
+        .into(),
         data: Some(ElemData::Verdict(Verdict::Goto(chain.into()))),
         comment: Some(format!("ns/svc{last}").into()),
         origin: Some(std::sync::Arc::new(origin(&format!("svc{last}")))),
@@ -217,7 +218,8 @@ fn failing_transaction_reports_every_error_and_rolls_back() {
 #[test]
 fn lowering_rejects_mismatched_elements_naming_the_service() {
     let mut t = table(vec![svc_elem(1, 80, "a")], false);
-    t.sets[0].elements[0].key.pop();
+    let key = &mut t.sets[0].elements[0].key;
+    *key = Atoms::new(&key.atoms()[..key.len() - 1]);
     let err = lower(&t).unwrap_err();
     assert!(err.to_string().contains("ns/svc1"), "{err}");
 }
@@ -470,11 +472,12 @@ fn the_fault_switch_makes_the_kernel_refuse_only_the_named_ports_elements() {
 fn bulk(n: u32) -> Vec<Element> {
     (0..n)
         .map(|i| Element {
-            key: vec![
+            key: [
                 Atom::Addr(std::net::Ipv4Addr::from(0x0a60_0000 + i).into()),
                 Atom::Proto(Protocol::Tcp),
                 Atom::Port(80),
-            ],
+            ]
+            .into(),
             data: Some(ElemData::Verdict(Verdict::Goto("a".into()))),
             comment: Some("ns/bulk".into()),
             origin: None,
@@ -612,7 +615,9 @@ fn split_table(sizes: &[u32]) -> Table {
         let mut elements = bulk(n);
         for (j, e) in elements.iter_mut().enumerate() {
             let j = u32::try_from(j).unwrap();
-            e.key[0] = Atom::Addr(std::net::Ipv4Addr::from((i << 24) + j).into());
+            let mut key = e.key.to_vec();
+            key[0] = Atom::Addr(std::net::Ipv4Addr::from((i << 24) + j).into());
+            e.key = key.into();
             if i > 0 {
                 e.comment = Some(format!("ns/s{}", j / 97).into());
                 e.origin = Some(std::sync::Arc::new(origin(&format!("s{}", j / 97))));
@@ -686,7 +691,8 @@ fn lowering_on_two_threads_gives_what_one_thread_gives() {
 fn lowering_on_two_threads_fails_on_the_first_bad_element_as_one_thread_does() {
     let n = u32::try_from(wire::SPLIT_MIN_ELEMENTS).unwrap() * 2;
     let break_at = |t: &mut Table, at: usize| {
-        t.sets[1].elements[at].key.pop();
+        let key = &mut t.sets[1].elements[at].key;
+        *key = Atoms::new(&key.atoms()[..key.len() - 1]);
     };
     // Bad elements in both halves, and in the second half only.
     for bad in [vec![10, n as usize - 10], vec![n as usize - 10]] {

@@ -17,8 +17,8 @@ use ipnet::IpNet;
 use super::categorize::{NodeView, categorize};
 use super::names;
 use super::{
-    AddrField, Atom, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule, Ruleset,
-    Set, SetData, Stmt, Table, Verdict,
+    AddrField, Atom, Atoms, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule,
+    Ruleset, Set, SetData, Stmt, Table, Verdict,
 };
 use crate::model::{
     ClusterState, Endpoint, IpFamily, Node, ServiceName, ServicePortName, TrafficPolicy,
@@ -85,7 +85,11 @@ impl Origin {
     }
 }
 
-fn element(key: Vec<Atom>, data: Option<ElemData>, origin: &Origin) -> Element {
+fn element(key: &[Atom], data: Option<ElemData>, origin: &Origin) -> Element {
+    keyed(Atoms::new(key), data, origin)
+}
+
+fn keyed(key: Atoms, data: Option<ElemData>, origin: &Origin) -> Element {
     Element {
         key,
         data,
@@ -121,15 +125,15 @@ fn finish(mut elements: Elements, contested: &mut Contested) -> Vec<Element> {
     elements
 }
 
-/// Sorts by key, stably, without the scratch copy of the elements a stable sort allocates (8 MB
-/// for the 100k-element pick map at 10k Services × 10 endpoints, on top of the start-up peak):
-/// positions are sorted by their key's [`sort_prefix`], ties (equal prefixes) by key and then
-/// by position, which is the stable order, and the elements are then moved along the
-/// permutation's cycles in place. The prefixes are sorted by [`radix_sort`]: a comparison sort
-/// of them was 135 of 371 M instructions of a cold build at 10k × 10 and 368 M at 50k × 5
-/// (callgrind), and most keys (IPv4 ones) are whole in their prefix, so that hardly a key is
-/// read. The positions take 24 bytes each, twice while sorting (4.8 MB for the 100k-element map
-/// there).
+/// Sorts by key, stably, without the scratch copy of the elements a stable sort allocates (9.2
+/// MiB for the 100k-element pick map at 10k Services × 10 endpoints, on top of the start-up
+/// peak): positions are sorted by their key's first 16 bytes ([`Atoms::order_prefix`]), ties
+/// (equal prefixes) by key and then by position, which is the stable order, and the elements
+/// are then moved along the permutation's cycles in place. The prefixes are sorted by
+/// [`radix_sort`]: a comparison sort of them was 135 of 371 M instructions of a cold build at
+/// 10k × 10 and 368 M at 50k × 5 (callgrind), and most keys (IPv4 ones) are whole in their
+/// prefix, so that hardly a key is read. The positions take 24 bytes each, twice while sorting
+/// (4.8 MB for the 100k-element map there).
 fn sort_stably(elements: &mut [Element]) {
     if elements.is_sorted_by(|a, b| a.key <= b.key) {
         return;
@@ -138,7 +142,11 @@ fn sort_stably(elements: &mut [Element]) {
         .iter()
         .enumerate()
         .map(|(at, e)| Ranked {
-            prefix: sort_prefix(&e.key).to_le_bytes(),
+            prefix: {
+                let mut p = e.key.order_prefix();
+                p.reverse();
+                p
+            },
             at,
         })
         .collect();
@@ -177,8 +185,8 @@ fn sort_stably(elements: &mut [Element]) {
     }
 }
 
-/// A position in a set's elements and its key's [`sort_prefix`], as bytes from the lowest: a
-/// `u128` would align the position to 32 bytes instead of 24.
+/// A position in a set's elements and its key's [`Atoms::order_prefix`], reversed: byte 0 is the
+/// least significant, where the radix sort starts.
 #[derive(Clone, Copy, Default)]
 struct Ranked {
     prefix: [u8; 16],
@@ -193,10 +201,10 @@ impl Ranked {
 }
 
 /// Sorts by prefix, stably: a least-significant-digit radix sort, a byte per pass, that skips
-/// the bytes every prefix shares (the low bits an IPv4 pick key leaves zero, the high ones of
-/// addresses from one range), so that the 100k-element pick map at 10k × 10 takes about ten
-/// passes of two reads and a write each, where a comparison sort made ~17 rounds of
-/// comparisons.
+/// the bytes every prefix shares (the atoms' kinds, the high bytes of a slot, those of
+/// addresses from one range, the zeros after an IPv4 pick key), so that the 100k-element pick
+/// map at 10k × 10 takes a few passes of two reads and a write each, where a comparison sort
+/// made ~17 rounds of comparisons.
 fn radix_sort(items: &mut Vec<Ranked>) {
     let n = items.len();
     let mut counts = [[0usize; 256]; 16];
@@ -222,64 +230,6 @@ fn radix_sort(items: &mut Vec<Ranked>) {
             next[b] += 1;
         }
         std::mem::swap(items, &mut scratch);
-    }
-}
-
-/// A number that orders keys as `Atom`'s derived order does: a smaller number is a smaller key;
-/// equal numbers say nothing, and the keys are compared. Each atom is written after the one
-/// before it as its variant (three bits) and then its value in a width that only the variant
-/// (and an address's family bit) decides, so the first atom that differs decides at the same
-/// bit; what does not fit is cut off, and a range ends it (its order is not written). An IPv4
-/// pick key (address . protocol . port . slot) takes 95 of the 128 bits.
-fn sort_prefix(key: &[Atom]) -> u128 {
-    let mut bits = Bits::default();
-    for atom in key {
-        let more = match *atom {
-            Atom::Addr(IpAddr::V4(a)) => {
-                bits.put(0, 3) && bits.put(0, 1) && bits.put(u32::from(a).into(), 32)
-            }
-            Atom::Addr(IpAddr::V6(a)) => {
-                bits.put(0, 3) && bits.put(1, 1) && bits.put(u128::from(a), 128)
-            }
-            Atom::Proto(p) => bits.put(1, 3) && bits.put(p as u128, 2),
-            Atom::Port(p) => bits.put(2, 3) && bits.put(p.into(), 16),
-            Atom::Int(i) => bits.put(3, 3) && bits.put(i.into(), 32),
-            Atom::Net(_) => {
-                bits.put(4, 3);
-                false
-            }
-        };
-        if !more {
-            break;
-        }
-    }
-    bits.value
-}
-
-/// Bits written from the top of a `u128` down.
-#[derive(Default)]
-struct Bits {
-    value: u128,
-    used: u32,
-}
-
-impl Bits {
-    /// Writes the low `width` bits of `v` (1 to 128), or as many of their top ones as fit;
-    /// `false` once nothing more fits.
-    fn put(&mut self, v: u128, width: u32) -> bool {
-        let room = 128 - self.used;
-        if room == 0 {
-            return false;
-        }
-        if width <= room {
-            self.value |= v << (room - width);
-            self.used += width;
-            true
-        } else {
-            self.value |= v >> (width - room);
-            self.used = 128;
-            false
-        }
     }
 }
 
@@ -332,8 +282,8 @@ fn add_picks(
     let k = endpoints.len();
     let elements = picks.entry(k).or_default();
     for (slot, ep) in endpoints.iter().enumerate() {
-        let key = extended(key_prefix, slot_atom(slot));
-        insert(elements, element(key, Some(endpoint_data(ep)), origin));
+        let key = Atoms::extended(key_prefix, slot_atom(slot));
+        insert(elements, keyed(key, Some(endpoint_data(ep)), origin));
     }
     k
 }
@@ -362,7 +312,7 @@ fn nodeport_addresses(settings: &Settings, node: Option<&Node>, family: IpFamily
             format!("address of node {} in --nodeport-addresses", node.name)
         };
         out.push(Element {
-            key: vec![Atom::Addr(ip)],
+            key: Atoms::new(&[Atom::Addr(ip)]),
             data: None,
             comment: Some(Arc::from(names::comment(&comment))),
             origin: None,
@@ -423,7 +373,7 @@ fn collect(
             let svc_port = Atom::Port(port.port);
             insert(
                 &mut c.cluster_ips,
-                element(vec![Atom::Addr(cluster_ip)], None, &origin),
+                element(&[Atom::Addr(cluster_ip)], None, &origin),
             );
             let all = of_family(endpoints_for(svc_slices, port), family);
             let eps = categorize(&all, &view);
@@ -434,26 +384,26 @@ fn collect(
                 .copied()
                 .filter(|a| claims.keeps(&svc.name, *a, port.protocol, port.port))
                 .collect();
-            let service_key = vec![Atom::Addr(cluster_ip), proto, svc_port];
-            let np_key = port.node_port.map(|np| vec![proto, Atom::Port(np)]);
+            let service_key = [Atom::Addr(cluster_ip), proto, svc_port];
+            let np_key = port.node_port.map(|np| [proto, Atom::Port(np)]);
             if !eps.has_endpoints {
                 // No endpoint anywhere: refuse at once on every address (kube-proxy §2.12).
                 if keeps_cluster_ip {
                     insert(
                         &mut c.no_endpoint_services,
-                        element(service_key, reject(), &origin),
+                        element(&service_key, reject(), &origin),
                     );
                 }
                 for addr in &external {
                     insert(
                         &mut c.no_endpoint_services,
-                        element(vec![Atom::Addr(*addr), proto, svc_port], reject(), &origin),
+                        element(&[Atom::Addr(*addr), proto, svc_port], reject(), &origin),
                     );
                 }
                 if let Some(np_key) = np_key {
                     insert(
                         &mut c.no_endpoint_nodeports,
-                        element(np_key, reject(), &origin),
+                        element(&np_key, reject(), &origin),
                     );
                 }
                 continue;
@@ -469,13 +419,13 @@ fn collect(
             if keeps_cluster_ip && internal.is_empty() {
                 insert(
                     &mut c.no_endpoint_services,
-                    element(service_key, drop(), &origin),
+                    element(&service_key, drop(), &origin),
                 );
             } else if keeps_cluster_ip {
                 let k = add_picks(&mut c.picks, &service_key, internal, &origin);
                 insert(
                     &mut c.service_ips,
-                    element(service_key, goto(names::pick_chain(k)), &origin),
+                    element(&service_key, goto(names::pick_chain(k)), &origin),
                 );
             }
 
@@ -489,50 +439,50 @@ fn collect(
                 (names::EXTERNAL_CLUSTER, names::NODEPORT_CLUSTER)
             };
             for addr in &external {
-                let key = vec![Atom::Addr(*addr), proto, svc_port];
+                let key = [Atom::Addr(*addr), proto, svc_port];
                 insert(
                     &mut c.service_ips,
-                    element(key.clone(), goto(ext_chain.into()), &origin),
+                    element(&key, goto(ext_chain.into()), &origin),
                 );
                 let k = add_picks(&mut c.picks, &key, &eps.cluster, &origin);
                 insert(
                     &mut c.external_picks,
-                    element(key.clone(), goto(names::pick_chain(k)), &origin),
+                    element(&key, goto(names::pick_chain(k)), &origin),
                 );
                 if !external_local {
                     continue;
                 }
                 if eps.local.is_empty() {
-                    insert(&mut c.no_endpoint_services, element(key, drop(), &origin));
+                    insert(&mut c.no_endpoint_services, element(&key, drop(), &origin));
                 } else {
                     let k = add_picks(&mut c.local_picks, &key, &eps.local, &origin);
                     insert(
                         &mut c.external_local_picks,
-                        element(key, goto(names::local_pick_chain(k)), &origin),
+                        element(&key, goto(names::local_pick_chain(k)), &origin),
                     );
                 }
             }
             if let Some(np_key) = np_key {
                 insert(
                     &mut c.service_nodeports,
-                    element(np_key.clone(), goto(np_chain.into()), &origin),
+                    element(&np_key, goto(np_chain.into()), &origin),
                 );
                 let k = add_picks(&mut c.np_picks, &np_key, &eps.cluster, &origin);
                 insert(
                     &mut c.nodeport_picks,
-                    element(np_key.clone(), goto(names::nodeport_pick_chain(k)), &origin),
+                    element(&np_key, goto(names::nodeport_pick_chain(k)), &origin),
                 );
                 if external_local {
                     if eps.local.is_empty() {
                         insert(
                             &mut c.no_endpoint_nodeports,
-                            element(np_key, drop(), &origin),
+                            element(&np_key, drop(), &origin),
                         );
                     } else {
                         let k = add_picks(&mut c.np_local_picks, &np_key, &eps.local, &origin);
                         insert(
                             &mut c.nodeport_local_picks,
-                            element(np_key, goto(names::nodeport_local_pick_chain(k)), &origin),
+                            element(&np_key, goto(names::nodeport_local_pick_chain(k)), &origin),
                         );
                     }
                 }
@@ -550,7 +500,7 @@ fn collect(
                 insert(
                     &mut c.hairpin,
                     element(
-                        vec![
+                        &[
                             Atom::Addr(ep.addr),
                             Atom::Addr(ep.addr),
                             proto,
@@ -566,22 +516,12 @@ fn collect(
     c
 }
 
-/// `prefix` and then `last`, sized exactly: `to_vec` then `push` doubles the capacity, and at
-/// 10k Services × 10 endpoints the 125k pick keys built so are most of the build's peak (128
-/// instead of 80 bytes each: the desired ruleset 35.1 → 30.1 MiB).
-fn extended(prefix: &[Atom], last: Atom) -> Vec<Atom> {
-    let mut key = Vec::with_capacity(prefix.len() + 1);
-    key.extend_from_slice(prefix);
-    key.push(last);
-    key
-}
-
 fn slot_atom(slot: usize) -> Atom {
     Atom::Int(u32::try_from(slot).unwrap_or(u32::MAX))
 }
 
 fn endpoint_data(ep: &Endpoint<'_>) -> ElemData {
-    ElemData::Value(vec![Atom::Addr(ep.addr), Atom::Port(ep.port)])
+    ElemData::Value(Atoms::new(&[Atom::Addr(ep.addr), Atom::Port(ep.port)]))
 }
 
 /// A set of `elements`, finished: the Services of a key more than one of them claims go into

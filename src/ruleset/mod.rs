@@ -4,6 +4,7 @@
 //! `build` computes it from the cluster model, `render` prints it as nft text, and `nft::wire`
 //! lowers it to kernel objects.
 
+pub mod atoms;
 pub mod build;
 pub mod categorize;
 pub mod eval;
@@ -15,6 +16,7 @@ use std::sync::Arc;
 
 use crate::model::{IpFamily, Protocol, ServicePortName};
 
+pub use atoms::Atoms;
 pub use build::{
     AddressKind, Claim, Claims, Clash, Contested, DetectLocal, NodePortAddresses, Settings,
     address_warnings, build, build_noting_contested, diagnostics,
@@ -376,12 +378,12 @@ pub enum Atom {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ElemData {
     Verdict(Verdict),
-    Value(Vec<Atom>),
+    Value(Atoms),
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Element {
-    pub key: Vec<Atom>,
+    pub key: Atoms,
     pub data: Option<ElemData>,
     /// Rendered as the element's nft comment (the Service port it serves). Shared by all
     /// elements of one Service port: at 10k services there are hundreds of thousands.

@@ -206,7 +206,7 @@ pub fn atoms(values: &[Atom]) -> String {
 }
 
 fn render_element(elem: &Element) -> String {
-    let mut out = atoms(&elem.key);
+    let mut out = atoms(&elem.key.atoms());
     if let Some(comment) = &elem.comment {
         let _ = write!(out, " comment {}", quote(comment));
     }
@@ -216,7 +216,7 @@ fn render_element(elem: &Element) -> String {
             let _ = write!(out, " : {}", verdict(v));
         }
         Some(ElemData::Value(values)) => {
-            let _ = write!(out, " : {}", atoms(values));
+            let _ = write!(out, " : {}", atoms(&values.atoms()));
         }
     }
     out

@@ -22,7 +22,7 @@ fn ip(s: &str) -> IpAddr {
 
 pub fn elem(key: Vec<Atom>, data: Option<ElemData>, origin: Option<ServicePortName>) -> Element {
     Element {
-        key,
+        key: key.into(),
         data,
         comment: origin.as_ref().map(|o| std::sync::Arc::from(o.to_string())),
         origin: origin.map(std::sync::Arc::new),
@@ -177,7 +177,7 @@ pub fn table(family: IpFamily) -> Table {
                 k.push(Atom::Int(0));
                 k
             },
-            Some(ElemData::Value(vec![Atom::Addr(ip(e1))])),
+            Some(ElemData::Value([Atom::Addr(ip(e1))].into())),
             Some(api.clone()),
         )],
     );
@@ -285,7 +285,7 @@ pub fn table(family: IpFamily) -> Table {
             false,
             vec![elem(
                 svc3(a, Protocol::Udp, 53),
-                Some(ElemData::Value(vec![Atom::Addr(ip(e1)), Atom::Port(53)])),
+                Some(ElemData::Value([Atom::Addr(ip(e1)), Atom::Port(53)].into())),
                 Some(dns.clone()),
             )],
         ),
@@ -301,7 +301,9 @@ pub fn table(family: IpFamily) -> Table {
                     k.push(Atom::Int(0));
                     k
                 },
-                Some(ElemData::Value(vec![Atom::Addr(ip(e1)), Atom::Port(6443)])),
+                Some(ElemData::Value(
+                    [Atom::Addr(ip(e1)), Atom::Port(6443)].into(),
+                )),
                 Some(api.clone()),
             )],
         ),
@@ -318,7 +320,7 @@ pub fn table(family: IpFamily) -> Table {
                         k.push(Atom::Int(0));
                         k
                     },
-                    Some(ElemData::Value(vec![Atom::Addr(ip(e1)), Atom::Port(53)])),
+                    Some(ElemData::Value([Atom::Addr(ip(e1)), Atom::Port(53)].into())),
                     Some(dns.clone()),
                 ),
                 elem(
@@ -327,7 +329,7 @@ pub fn table(family: IpFamily) -> Table {
                         k.push(Atom::Int(1));
                         k
                     },
-                    Some(ElemData::Value(vec![Atom::Addr(ip(e2)), Atom::Port(53)])),
+                    Some(ElemData::Value([Atom::Addr(ip(e2)), Atom::Port(53)].into())),
                     Some(dns.clone()),
                 ),
             ],

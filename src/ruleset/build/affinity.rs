@@ -83,11 +83,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::{Contested, Elements, chain, extended, goto, set};
+use super::{Contested, Elements, chain, goto, set};
 use crate::model::{ClusterState, IpFamily, ServicePortName};
 use crate::ruleset::names;
 use crate::ruleset::{
-    Atom, ElemData, Element, HashInput, KeyField, SetData, SetKind, Stmt, Table, Verdict,
+    Atom, Atoms, ElemData, Element, HashInput, KeyField, SetData, SetKind, Stmt, Table, Verdict,
 };
 
 /// The modulus a `pick` map's `typeof` names: only its type matters (a 32-bit integer); one
@@ -284,7 +284,7 @@ fn pick_count(data: &Option<ElemData>, prefix: &str) -> Option<usize> {
 }
 
 /// Removes and returns the elements of map `name` whose key is one of `prefixes` plus an index.
-fn take_endpoints(table: &mut Table, name: &str, prefixes: &BTreeSet<Vec<Atom>>) -> Vec<Element> {
+fn take_endpoints(table: &mut Table, name: &str, prefixes: &BTreeSet<Atoms>) -> Vec<Element> {
     let Some(map) = table.sets.iter_mut().find(|s| s.name == name) else {
         return Vec::new();
     };
@@ -292,8 +292,9 @@ fn take_endpoints(table: &mut Table, name: &str, prefixes: &BTreeSet<Vec<Atom>>)
         .into_iter()
         .partition(|e| {
             e.key
+                .atoms()
                 .split_last()
-                .is_some_and(|(_, prefix)| prefixes.contains(prefix))
+                .is_some_and(|(_, prefix)| prefixes.contains(&Atoms::new(prefix)))
         });
     map.elements = kept;
     taken
@@ -301,7 +302,7 @@ fn take_endpoints(table: &mut Table, name: &str, prefixes: &BTreeSet<Vec<Atom>>)
 
 /// The endpoint elements of one key prefix of a pick map, with their indices there, by map and
 /// key prefix.
-type Found = BTreeMap<(String, Vec<Atom>), Vec<(u32, Element)>>;
+type Found = BTreeMap<(String, Atoms), Vec<(u32, Element)>>;
 
 /// One dispatch element of an affinity service port, found in pass 1.
 struct Job {
@@ -313,7 +314,7 @@ struct Job {
     /// The `pick` map its endpoints are in, under the element's key (which is also the
     /// service key of the path's maps).
     from_map: String,
-    key: Vec<Atom>,
+    key: Atoms,
 }
 
 /// The elements of one path's maps, and the chains they need.
@@ -365,7 +366,7 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Conte
 
     // Pass 2: take the endpoints out of the pick maps, one pass over each map (a pass per
     // service port would be quadratic at 10k services).
-    let mut wanted: BTreeMap<String, BTreeSet<Vec<Atom>>> = BTreeMap::new();
+    let mut wanted: BTreeMap<String, BTreeSet<Atoms>> = BTreeMap::new();
     for job in &jobs {
         wanted
             .entry(job.from_map.clone())
@@ -375,10 +376,11 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Conte
     let mut found = Found::new();
     for (map, prefixes) in &wanted {
         for ep in take_endpoints(table, map, prefixes) {
-            let Some((Atom::Int(index), prefix)) = ep.key.split_last() else {
+            let key = ep.key.atoms();
+            let Some((Atom::Int(index), prefix)) = key.split_last() else {
                 continue;
             };
-            let (index, prefix) = (*index, prefix.to_vec());
+            let (index, prefix) = (*index, Atoms::new(prefix));
             found
                 .entry((map.clone(), prefix))
                 .or_default()
@@ -401,8 +403,8 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Conte
         let eps: Vec<(IpAddr, Element)> = eps
             .into_iter()
             .filter_map(|(_, e)| match &e.data {
-                Some(ElemData::Value(v)) => match v.as_slice() {
-                    [Atom::Addr(a), Atom::Port(_)] => Some((*a, e)),
+                Some(ElemData::Value(v)) => match *v.atoms() {
+                    [Atom::Addr(a), Atom::Port(_)] => Some((a, e)),
                     _ => None,
                 },
                 _ => None,
@@ -415,20 +417,21 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Conte
         let k = eps.len();
         let objects = paths.entry(job.path).or_default();
         for (index, (addr, ep)) in eps.into_iter().enumerate() {
-            let with = |key: Vec<Atom>, data: Option<ElemData>| Element {
+            let with = |key: Atoms, data: Option<ElemData>| Element {
                 key,
                 data,
                 comment: ep.comment.clone(),
                 origin: ep.origin.clone(),
             };
-            let pick = extended(
-                &job.key,
+            let pick = Atoms::extended(
+                &job.key.atoms(),
                 Atom::Int(u32::try_from(index).unwrap_or(u32::MAX)),
             );
-            objects
-                .picks
-                .push(with(pick, Some(ElemData::Value(vec![Atom::Addr(addr)]))));
-            let endpoint = extended(&job.key, Atom::Addr(addr));
+            objects.picks.push(with(
+                pick,
+                Some(ElemData::Value(Atoms::new(&[Atom::Addr(addr)]))),
+            ));
+            let endpoint = Atoms::extended(&job.key.atoms(), Atom::Addr(addr));
             objects.endpoints.push(with(endpoint, ep.data.clone()));
         }
         objects.chains.insert((job.timeout, k));

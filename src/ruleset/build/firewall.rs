@@ -23,10 +23,12 @@
 
 use ipnet::IpNet;
 
-use super::{Claims, Contested, Elements, Origin, base, chain, element, jump, service_key, set};
+use super::{
+    Claims, Contested, Elements, Origin, base, chain, element, jump, keyed, service_key, set,
+};
 use crate::model::{ClusterState, IpFamily};
 use crate::ruleset::names;
-use crate::ruleset::{Atom, ChainType, Hook, KeyField, SetKind, Stmt, Table, Verdict};
+use crate::ruleset::{Atom, Atoms, ChainType, Hook, KeyField, SetKind, Stmt, Table, Verdict};
 
 use super::Settings;
 
@@ -88,17 +90,16 @@ pub(super) fn add(
                 .iter()
                 .filter(|lb| claims.keeps(&svc.name, **lb, port.protocol, port.port))
             {
-                let key = vec![
+                let key = [
                     Atom::Addr(*lb),
                     Atom::Proto(port.protocol),
                     Atom::Port(port.port),
                 ];
                 for range in &ranges {
-                    let mut k = key.clone();
-                    k.push(Atom::Net(*range));
-                    allow.push(element(k, None, &origin));
+                    let k = Atoms::extended(&key, Atom::Net(*range));
+                    allow.push(keyed(k, None, &origin));
                 }
-                ips.push(element(key, None, &origin));
+                ips.push(element(&key, None, &origin));
             }
         }
     }

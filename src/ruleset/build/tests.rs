@@ -157,7 +157,7 @@ fn service_without_endpoints_is_rejected_on_cluster_ip_and_node_port() {
     let ne = set(t, names::NO_ENDPOINT_SERVICES);
     assert_eq!(ne.elements.len(), 1);
     assert_eq!(
-        ne.elements[0].key[0],
+        ne.elements[0].key.atoms()[0],
         Atom::Addr("203.0.113.30".parse().unwrap())
     );
     assert_eq!(ne.elements[0].data, reject);
@@ -299,7 +299,7 @@ fn sort_stably_is_the_stable_sort_by_key() {
 /// An element with `key`, tagged with `i` in its comment so that ties can be told apart.
 fn tagged(key: Vec<Atom>, i: usize) -> Element {
     Element {
-        key,
+        key: key.into(),
         data: None,
         comment: Some(Arc::from(i.to_string())),
         origin: None,

@@ -103,18 +103,18 @@ impl<'a> Run<'a> {
                     .zip(key)
                     .all(|(have, want)| match (have, want) {
                         (Atom::Net(net), Atom::Addr(addr)) => net.contains(addr),
-                        _ => have == want,
+                        _ => have == *want,
                     })
         };
         let elem = set.elements.iter().find(|e| matches(e))?;
-        let mut note = format!("@{}: {}", set.name, render::atoms(&elem.key));
+        let mut note = format!("@{}: {}", set.name, render::atoms(&elem.key.atoms()));
         match &elem.data {
             None => {}
             Some(ElemData::Verdict(v)) => {
                 note.push_str(&format!(" : {}", render::verdict(v)));
             }
             Some(ElemData::Value(values)) => {
-                note.push_str(&format!(" : {}", render::atoms(values)));
+                note.push_str(&format!(" : {}", render::atoms(&values.atoms())));
             }
         }
         if let Some(comment) = &elem.comment {
@@ -260,8 +260,8 @@ impl<'a> Run<'a> {
                     return Ok(Flow::Break);
                 };
                 let target = match &elem.data {
-                    Some(ElemData::Value(v)) => match v.as_slice() {
-                        [Atom::Addr(addr), Atom::Port(port)] => SocketAddr::new(*addr, *port),
+                    Some(ElemData::Value(v)) => match *v.atoms() {
+                        [Atom::Addr(addr), Atom::Port(port)] => SocketAddr::new(addr, port),
                         _ => {
                             return Err(self.unsupported(
                                 ctx,
@@ -376,7 +376,7 @@ impl<'a> Run<'a> {
                     self.dynamic_lookup(ctx, set, &key)
                 } else {
                     match self.lookup(ctx, set, &key).map(|e| &e.data) {
-                        Some(Some(ElemData::Value(v))) => Some(v.clone()),
+                        Some(Some(ElemData::Value(v))) => Some(v.to_vec()),
                         Some(_) => {
                             return Err(self.unsupported(ctx, stmt, "map element without data"));
                         }

@@ -316,7 +316,7 @@ fn verdict_map(name: &str, elems: Vec<(Vec<Atom>, Verdict)>) -> Set {
         elements: elems
             .into_iter()
             .map(|(key, v)| Element {
-                key,
+                key: key.into(),
                 data: Some(ElemData::Verdict(v)),
                 comment: None,
                 origin: None,
@@ -391,11 +391,10 @@ fn dnat_map(name: &str, targets: &[&str]) -> Set {
             .map(|(slot, t)| {
                 let t = sock(t);
                 Element {
-                    key: vec![Atom::Int(u32::try_from(slot).unwrap())],
-                    data: Some(ElemData::Value(vec![
-                        Atom::Addr(t.ip()),
-                        Atom::Port(t.port()),
-                    ])),
+                    key: [Atom::Int(u32::try_from(slot).unwrap())].into(),
+                    data: Some(ElemData::Value(
+                        [Atom::Addr(t.ip()), Atom::Port(t.port())].into(),
+                    )),
                     comment: Some(Arc::from(format!("{name} slot {slot}"))),
                     origin: None,
                 }
@@ -493,7 +492,7 @@ fn nested_numgens_enumerate_every_combination() {
         kind: Default::default(),
         elements: (0..2)
             .map(|slot| Element {
-                key: pick(slot),
+                key: pick(slot).into(),
                 data: Some(ElemData::Verdict(Verdict::Goto(format!("c{slot}")))),
                 comment: None,
                 origin: None,
@@ -680,21 +679,23 @@ fn range_set(name: &str, source: &str) -> Set {
     Set {
         name: name.into(),
         comment: String::new(),
-        key: vec![
+        key: [
             KeyField::Daddr,
             KeyField::L4Proto,
             KeyField::ThDport,
             KeyField::Saddr,
-        ],
+        ]
+        .into(),
         data: None,
         typeof_: false,
         elements: vec![Element {
-            key: vec![
+            key: [
                 Atom::Addr(ip("203.0.113.20")),
                 Atom::Proto(Protocol::Tcp),
                 Atom::Port(80),
                 Atom::Net(source.parse().unwrap()),
-            ],
+            ]
+            .into(),
             data: None,
             comment: None,
             origin: None,
@@ -707,12 +708,13 @@ fn range_set(name: &str, source: &str) -> Set {
 fn a_negated_lookup_in_an_interval_set_matches_sources_outside_the_ranges() {
     let check = vec![vec![
         Stmt::NotInSet {
-            key: vec![
+            key: [
                 KeyField::Daddr,
                 KeyField::L4Proto,
                 KeyField::ThDport,
                 KeyField::Saddr,
-            ],
+            ]
+            .into(),
             set: "allow".into(),
         },
         Stmt::Verdict(Verdict::Drop),

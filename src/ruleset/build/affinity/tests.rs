@@ -198,7 +198,7 @@ fn each_endpoint_is_in_the_endpoints_and_pick_maps_of_its_paths() {
             .unwrap()
             .elements
             .iter()
-            .map(|e| (e.key.clone(), e.data.clone()))
+            .map(|e| (e.key.to_vec(), e.data.clone()))
             .collect()
     };
     let with = |key: &[Atom], more: Atom| {
@@ -216,10 +216,9 @@ fn each_endpoint_is_in_the_endpoints_and_pick_maps_of_its_paths() {
                 let ep = sock(ep);
                 (
                     with(&key, Atom::Addr(ep.ip())),
-                    Some(ElemData::Value(vec![
-                        Atom::Addr(ep.ip()),
-                        Atom::Port(ep.port()),
-                    ])),
+                    Some(ElemData::Value(
+                        [Atom::Addr(ep.ip()), Atom::Port(ep.port())].into(),
+                    )),
                 )
             })
             .collect();
@@ -232,7 +231,7 @@ fn each_endpoint_is_in_the_endpoints_and_pick_maps_of_its_paths() {
             .map(|(i, ep)| {
                 (
                     with(&key, Atom::Int(u32::try_from(i).unwrap())),
-                    Some(ElemData::Value(vec![Atom::Addr(sock(ep).ip())])),
+                    Some(ElemData::Value([Atom::Addr(sock(ep).ip())].into())),
                 )
             })
             .collect();
@@ -447,10 +446,10 @@ fn endpoints_in(table: &Table, prefix: &str, key: &[Atom]) -> Vec<SocketAddr> {
         .unwrap()
         .elements
         .iter()
-        .filter(|e| e.key.starts_with(key) && e.key.len() == key.len() + 1)
+        .filter(|e| e.key.atoms().starts_with(key) && e.key.len() == key.len() + 1)
         .filter_map(|e| match &e.data {
-            Some(ElemData::Value(v)) => match v.as_slice() {
-                [Atom::Addr(a), Atom::Port(p)] => Some(SocketAddr::new(*a, *p)),
+            Some(ElemData::Value(v)) => match *v.atoms() {
+                [Atom::Addr(a), Atom::Port(p)] => Some(SocketAddr::new(a, p)),
                 _ => None,
             },
             _ => None,
