@@ -502,6 +502,7 @@ mod tests {
             vec![v6, Atom::Port(8080)],
             vec![tcp, Atom::Port(30000), Atom::Int(1)],
             vec![Atom::Port(1)],
+            vec![Atom::Port(256)],
             vec![Atom::Int(0)],
             vec![net("192.0.2.0/24")],
             vec![net("192.0.2.0/25")],
@@ -530,10 +531,11 @@ mod tests {
             assert_eq!(packed.iter().len(), atoms.len());
             assert_eq!(packed, atoms);
         }
-        let endpoint_v6 = &samples()[10];
-        assert!(matches!(Atoms::new(endpoint_v6).0, Repr::Packed(_)));
-        let hairpin_v6 = &samples()[18];
-        assert!(matches!(Atoms::new(hairpin_v6).0, Repr::Boxed(_)));
+        let (v6, tcp) = (addr("2001:db8::1"), Atom::Proto(Protocol::Tcp));
+        let endpoint_v6 = [v6, tcp, Atom::Port(80), Atom::Int(9)];
+        assert!(matches!(Atoms::new(&endpoint_v6).0, Repr::Packed(_)));
+        let hairpin_v6 = [v6, v6, tcp, Atom::Port(80)];
+        assert!(matches!(Atoms::new(&hairpin_v6).0, Repr::Boxed(_)));
     }
 
     #[test]
