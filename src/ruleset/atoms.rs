@@ -249,20 +249,6 @@ impl Deref for Slice<'_> {
     }
 }
 
-/// An atom of a packed sequence as its encoding holds it, for encoders that copy bytes (the
-/// kernel's layout of an element is also big-endian but for `Int`s, which are host order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Raw<'a> {
-    /// An address's 4 or 16 bytes.
-    Addr(&'a [u8]),
-    Proto(Protocol),
-    /// Big-endian.
-    Port([u8; 2]),
-    Int(u32),
-    /// A range: decoded, since encoders need its first or last address.
-    Net(ipnet::IpNet),
-}
-
 impl Atoms {
     pub fn new(atoms: &[Atom]) -> Atoms {
         match pack(atoms) {
@@ -325,41 +311,6 @@ impl Atoms {
 
     pub fn to_vec(&self) -> Vec<Atom> {
         self.iter().collect()
-    }
-
-    /// Calls `f` with each atom as it is held, without decoding addresses and ports.
-    pub fn for_each_raw<E>(&self, mut f: impl FnMut(Raw<'_>) -> Result<(), E>) -> Result<(), E> {
-        match &self.0 {
-            Repr::Packed(bytes) => {
-                let mut at = 0;
-                for _ in 0..bytes[CONTENT] {
-                    let kind = bytes[at];
-                    let w = width(kind);
-                    let v = &bytes[at + 1..at + 1 + w];
-                    f(match kind {
-                        V4 | V6 => Raw::Addr(v),
-                        PROTO => Raw::Proto(proto_of(v[0])),
-                        PORT => Raw::Port(array(v)),
-                        INT => Raw::Int(u32::from_be_bytes(array(v))),
-                        _ => Raw::Net(net_of(kind, v)),
-                    })?;
-                    at += 1 + w;
-                }
-            }
-            Repr::Boxed(atoms) => {
-                for atom in atoms.iter() {
-                    match atom {
-                        Atom::Addr(IpAddr::V4(a)) => f(Raw::Addr(&a.octets()))?,
-                        Atom::Addr(IpAddr::V6(a)) => f(Raw::Addr(&a.octets()))?,
-                        Atom::Proto(p) => f(Raw::Proto(*p))?,
-                        Atom::Port(p) => f(Raw::Port(p.to_be_bytes()))?,
-                        Atom::Int(i) => f(Raw::Int(*i))?,
-                        Atom::Net(net) => f(Raw::Net(*net))?,
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The first 16 bytes of the encoding, whose order is the sequences' (equal prefixes say
@@ -553,29 +504,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    #[test]
-    fn raw_atoms_are_the_atoms_bytes() {
-        for atoms in samples() {
-            let mut raw = Vec::new();
-            Atoms::new(&atoms)
-                .for_each_raw(|r| {
-                    raw.push(match r {
-                        Raw::Addr(b) if b.len() == 4 => {
-                            Atom::Addr(IpAddr::from(<[u8; 4]>::try_from(b).unwrap()))
-                        }
-                        Raw::Addr(b) => Atom::Addr(IpAddr::from(<[u8; 16]>::try_from(b).unwrap())),
-                        Raw::Proto(p) => Atom::Proto(p),
-                        Raw::Port(p) => Atom::Port(u16::from_be_bytes(p)),
-                        Raw::Int(i) => Atom::Int(i),
-                        Raw::Net(n) => Atom::Net(n),
-                    });
-                    Ok::<(), ()>(())
-                })
-                .unwrap();
-            assert_eq!(raw, atoms);
         }
     }
 

@@ -2,7 +2,6 @@
 //! types and padding, encoding and decoding atoms, and formatting keys for error messages.
 
 use super::*;
-use crate::ruleset::atoms::Raw;
 
 // ---- key fields ----
 
@@ -102,30 +101,25 @@ pub(super) fn encode_atoms_at(
     let concat = fields.len() > 1;
     let out = scratch;
     out.clear();
-    // The atoms as the IR holds them (big-endian, as the kernel's layout is but for `Int`s):
-    // copied, not decoded into `Atom`s (decoding was 73 M instructions of a cold `--once` at
-    // 10k × 10, most of it here).
-    let mut at = 0;
-    atoms.for_each_raw(|a| {
-        let f = fields.get(at).copied();
+    for (f, a) in fields.iter().zip(atoms) {
         let start = out.len();
         match (f, a, family) {
             (
-                Some(KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr),
-                Raw::Addr(ip),
+                KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr,
+                Atom::Addr(IpAddr::V4(ip)),
                 IpFamily::V4,
-            ) if ip.len() == 4 => out.extend_from_slice(ip),
+            ) => out.extend_from_slice(&ip.octets()),
             (
-                Some(KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr),
-                Raw::Addr(ip),
+                KeyField::Saddr | KeyField::Daddr | KeyField::CtOrigDaddr,
+                Atom::Addr(IpAddr::V6(ip)),
                 IpFamily::V6,
-            ) if ip.len() == 16 => out.extend_from_slice(ip),
-            (Some(KeyField::L4Proto), Raw::Proto(p), _) => out.push(p.number()),
-            (Some(KeyField::ThDport), Raw::Port(p), _) => out.extend_from_slice(&p),
-            (Some(KeyField::Numgen { .. } | KeyField::Jhash { .. }), Raw::Int(i), _) => {
+            ) => out.extend_from_slice(&ip.octets()),
+            (KeyField::L4Proto, Atom::Proto(p), _) => out.push(p.number()),
+            (KeyField::ThDport, Atom::Port(p), _) => out.extend_from_slice(&p.to_be_bytes()),
+            (KeyField::Numgen { .. } | KeyField::Jhash { .. }, Atom::Int(i), _) => {
                 out.extend_from_slice(&i.to_ne_bytes())
             }
-            (Some(KeyField::Saddr | KeyField::Daddr), Raw::Net(net), _)
+            (KeyField::Saddr | KeyField::Daddr, Atom::Net(net), _)
                 if IpFamily::of(&net.addr()) == family =>
             {
                 let addr = if end { net.broadcast() } else { net.network() };
@@ -134,21 +128,13 @@ pub(super) fn encode_atoms_at(
                     IpAddr::V6(ip) => out.extend_from_slice(&ip.octets()),
                 }
             }
-            _ => {
-                let value = atoms.iter().nth(at);
-                return Err(match (value, f) {
-                    (Some(value), Some(f)) => format!("value {value:?} does not fit field {f:?}"),
-                    _ => format!("has {} fields, its set has {}", atoms.len(), fields.len()),
-                });
-            }
+            _ => return Err(format!("value {a:?} does not fit field {f:?}")),
         }
         if concat {
             let l = out.len() - start;
             out.resize(start + pad4_len(l), 0);
         }
-        at += 1;
-        Ok(())
-    })?;
+    }
     Ok(ElemBytes::from(out.as_slice()))
 }
 
