@@ -357,13 +357,6 @@ impl<const N: usize> From<[Atom; N]> for Atoms {
     }
 }
 
-impl FromIterator<Atom> for Atoms {
-    fn from_iter<I: IntoIterator<Item = Atom>>(iter: I) -> Atoms {
-        let all: Vec<Atom> = iter.into_iter().collect();
-        Atoms::new(&all)
-    }
-}
-
 impl<'a> IntoIterator for &'a Atoms {
     type Item = Atom;
     type IntoIter = Iter<'a>;

@@ -142,11 +142,7 @@ fn sort_stably(elements: &mut [Element]) {
         .iter()
         .enumerate()
         .map(|(at, e)| Ranked {
-            prefix: {
-                let mut p = e.key.order_prefix();
-                p.reverse();
-                p
-            },
+            prefix: e.key.order_prefix(),
             at,
         })
         .collect();
@@ -185,8 +181,8 @@ fn sort_stably(elements: &mut [Element]) {
     }
 }
 
-/// A position in a set's elements and its key's [`Atoms::order_prefix`], reversed: byte 0 is the
-/// least significant, where the radix sort starts.
+/// A position in a set's elements and its key's [`Atoms::order_prefix`] (most significant byte
+/// first).
 #[derive(Clone, Copy, Default)]
 struct Ranked {
     prefix: [u8; 16],
@@ -194,9 +190,9 @@ struct Ranked {
 }
 
 impl Ranked {
-    /// The prefix's byte `d`, from the lowest (0) to the highest (15).
+    /// The prefix's byte `d`, from the least significant (0) to the most (15).
     fn byte(&self, d: usize) -> usize {
-        usize::from(self.prefix[d])
+        usize::from(self.prefix[15 - d])
     }
 }
 
