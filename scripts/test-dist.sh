@@ -126,8 +126,18 @@ cp examples/cluster.yaml "$root/srv/fakeapi/cluster.yaml"
 setsid systemd-nspawn -D "$root" -b --register=no --keep-unit --private-network \
     --console=passive > "$work/nspawn.log" 2>&1 < /dev/null &
 nspawn_pid=$!
+# The container's PID 1 is the child of systemd-nspawn that lives in a new PID namespace.
+# systemd-nspawn first forks an "outer child" (a new mount namespace only) that sets up the root
+# and exits once the inner child is started; taking the first child found raced with it, and
+# nsenter into the exited outer child then failed for the whole wait below (seen in CI and here,
+# 1 boot in 8 on systemd 252).
+own_pidns=$(readlink /proc/self/ns/pid)
+container_pid=
 for _ in $(seq 100); do
-    container_pid=$(ps -o pid= --ppid "$nspawn_pid" | tr -d ' ' | head -n 1 || true)
+    for p in $(ps -o pid= --ppid "$nspawn_pid" || true); do
+        ns=$(readlink "/proc/$p/ns/pid" 2>/dev/null || true)
+        if [ -n "$ns" ] && [ "$ns" != "$own_pidns" ]; then container_pid=$p; break; fi
+    done
     [ -n "$container_pid" ] && break
     sleep 0.2
 done
@@ -141,7 +151,10 @@ for _ in $(seq 600); do
     case "$state" in running|degraded) break ;; esac
     sleep 0.2
 done
-case "$state" in running|degraded) ;; *) cat "$work/nspawn.log"; fail "container systemd: '$state'" ;; esac
+case "$state" in running|degraded) ;; *)
+    cat "$work/nspawn.log"; ps -o pid,ppid,stat,wchan:24,args --ppid "$nspawn_pid" || true
+    fail "container systemd (PID $container_pid): '$state'" ;;
+esac
 ok "Debian root booted under systemd in a container ($state)"
 unit_prop() { in_ct systemctl show -p "$1" --value nodeproxy.service; }
 # Predicates for wait_for: they must query on every try, so the $(...) lives inside a function.
