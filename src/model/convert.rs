@@ -136,11 +136,11 @@ pub fn ignored_service_reason(svc: &core::Service) -> Option<&'static str> {
 }
 
 /// Why this EndpointSlice is not used, or `None` if it is.
-pub fn ignored_slice_reason(slice: &discovery::EndpointSlice) -> Option<&'static str> {
-    if let Some(reason) = ignored_by_labels(&slice.metadata) {
+pub fn ignored_slice_reason(slice: &impl SliceObject) -> Option<&'static str> {
+    if let Some(reason) = ignored_by_labels(slice.metadata()) {
         return Some(reason);
     }
-    if slice.address_type == "FQDN" {
+    if slice.address_type() == "FQDN" {
         return Some("addressType FQDN is not proxied");
     }
     None
@@ -594,7 +594,7 @@ pub use node::node;
 pub use parse::{parse_cidr, parse_ip};
 pub use service_cidr::service_cidr;
 use slice::dropped_report;
-pub use slice::{endpoint_slice, endpoint_slice_noting};
+pub use slice::{EndpointObject, SliceObject, endpoint_slice, endpoint_slice_noting};
 
 #[cfg(test)]
 mod tests;

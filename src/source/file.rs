@@ -42,6 +42,7 @@ use crate::model::{self, Rejected, convert};
 
 mod objects;
 mod raw;
+mod slice;
 mod strict;
 
 use objects::*;

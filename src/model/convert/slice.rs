@@ -1,6 +1,8 @@
 //! EndpointSlices: the slice's ports, its endpoints (first address only, like kube-proxy),
 //! their conditions, node, zone and topology hints, each field checked.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use super::*;
 
 /// Converts an EndpointSlice. `Ok(None)` for slices kube-proxy does not use (see
@@ -15,6 +17,72 @@ pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSli
     endpoint_slice_noting(s, &mut Vec::new())
 }
 
+/// What the conversion reads of an EndpointSlice. One conversion serves k8s-openapi's type (the
+/// watch, and file items that need it) and the file reader's decoding of a list item's text
+/// (`source::file::slice`), which borrows each endpoint's address and node from the text
+/// instead of allocating k8s-openapi's strings for them and freeing them again after the
+/// conversion: the endpoints are most of an input's objects.
+pub trait SliceObject {
+    type Endpoint: EndpointObject;
+    fn metadata(&self) -> &ObjectMeta;
+    /// `addressType`, empty when absent (as k8s-openapi reads it).
+    fn address_type(&self) -> &str;
+    fn ports(&self) -> &[discovery::EndpointPort];
+    fn endpoints(&self) -> &[Self::Endpoint];
+}
+
+/// What the conversion reads of one endpoint of a slice.
+pub trait EndpointObject {
+    /// `addresses[0]`; kube-proxy reads no other.
+    fn first_address(&self) -> Option<&str>;
+    fn conditions(&self) -> Option<&discovery::EndpointConditions>;
+    fn node_name(&self) -> Option<&str>;
+    fn zone(&self) -> Option<&str>;
+    fn hints(&self) -> Option<&discovery::EndpointHints>;
+}
+
+impl SliceObject for discovery::EndpointSlice {
+    type Endpoint = discovery::Endpoint;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn address_type(&self) -> &str {
+        &self.address_type
+    }
+
+    fn ports(&self) -> &[discovery::EndpointPort] {
+        self.ports.as_deref().unwrap_or_default()
+    }
+
+    fn endpoints(&self) -> &[discovery::Endpoint] {
+        &self.endpoints
+    }
+}
+
+impl EndpointObject for discovery::Endpoint {
+    fn first_address(&self) -> Option<&str> {
+        self.addresses.first().map(String::as_str)
+    }
+
+    fn conditions(&self) -> Option<&discovery::EndpointConditions> {
+        self.conditions.as_ref()
+    }
+
+    fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+
+    fn zone(&self) -> Option<&str> {
+        self.zone.as_deref()
+    }
+
+    fn hints(&self) -> Option<&discovery::EndpointHints> {
+        self.hints.as_ref()
+    }
+}
+
 /// A field report for something left out of an object that is otherwise used.
 pub(super) fn dropped_report(mut report: Rejected) -> Rejected {
     report
@@ -26,10 +94,10 @@ pub(super) fn dropped_report(mut report: Rejected) -> Rejected {
 /// [`endpoint_slice`], pushing onto `dropped` a report for each endpoint left out while the
 /// rest of the slice is used (one at a special address).
 pub fn endpoint_slice_noting(
-    s: &discovery::EndpointSlice,
+    s: &impl SliceObject,
     dropped: &mut Vec<Rejected>,
 ) -> Result<Option<EndpointSlice>, Rejected> {
-    let name = names("EndpointSlice", &s.metadata)?;
+    let name = names("EndpointSlice", s.metadata())?;
     let ctx = Ctx {
         kind: "EndpointSlice",
         namespace: Some(&name.namespace),
@@ -39,7 +107,8 @@ pub fn endpoint_slice_noting(
         return Ok(None);
     }
 
-    let family = match s.address_type.as_str() {
+    let address_type = s.address_type();
+    let family = match address_type {
         "IPv4" => IpFamily::V4,
         "IPv6" => IpFamily::V6,
         other => {
@@ -52,7 +121,7 @@ pub fn endpoint_slice_noting(
     };
 
     let service_name = s
-        .metadata
+        .metadata()
         .labels
         .as_ref()
         .and_then(|l| l.get(LABEL_SERVICE_NAME))
@@ -76,7 +145,7 @@ pub fn endpoint_slice_noting(
     };
 
     let mut ports = Vec::new();
-    for (i, p) in s.ports.iter().flatten().enumerate() {
+    for (i, p) in s.ports().iter().enumerate() {
         // No port means "all ports" for a selector-less Service, which kube-proxy skips too;
         // a port of 0 is invalid like 65536 (the API server refuses both).
         let Some(number) = p.port else {
@@ -98,9 +167,9 @@ pub fn endpoint_slice_noting(
         });
     }
 
-    let mut endpoints = Vec::with_capacity(s.endpoints.len());
-    for (i, ep) in s.endpoints.iter().enumerate() {
-        let Some(raw) = ep.addresses.first() else {
+    let mut endpoints = Vec::with_capacity(s.endpoints().len());
+    for (i, ep) in s.endpoints().iter().enumerate() {
+        let Some(raw) = ep.first_address() else {
             continue;
         };
         let field = Path(|f: &mut fmt::Formatter<'_>| write!(f, "endpoints[{i}].addresses[0]"));
@@ -112,26 +181,27 @@ pub fn endpoint_slice_noting(
         if IpFamily::of(&addr) != family {
             return Err(ctx.reject(
                 field.to_string(),
-                raw.as_str(),
+                raw,
                 format!(
-                    "an {} address in a slice of addressType {}; valid: {} addresses only",
+                    "an {} address in a slice of addressType {address_type}; valid: \
+                     {address_type} addresses only",
                     IpFamily::of(&addr),
-                    s.address_type,
-                    s.address_type
                 ),
             ));
         }
-        let cond = ep.conditions.as_ref();
+        let cond = ep.conditions();
         let conditions = Conditions {
             ready: cond.and_then(|c| c.ready).unwrap_or(true),
             serving: cond.and_then(|c| c.serving).unwrap_or(true),
             terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
         };
-        let hints = ep.hints.as_ref();
-        if let Some(node_name) = &ep.node_name {
+        let hints = ep.hints();
+        let node_name = ep.node_name();
+        let zone = ep.zone();
+        if let Some(node_name) = node_name {
             check_text(&ctx, format_args!("endpoints[{i}].nodeName"), node_name)?;
         }
-        if let Some(zone) = &ep.zone {
+        if let Some(zone) = zone {
             check_text(&ctx, format_args!("endpoints[{i}].zone"), zone)?;
         }
         for (j, z) in hints
@@ -161,12 +231,8 @@ pub fn endpoint_slice_noting(
         endpoints.push(SliceEndpoint {
             addr,
             conditions,
-            node_name: ep
-                .node_name
-                .as_deref()
-                .filter(|n| !n.is_empty())
-                .map(Box::from),
-            zone: ep.zone.as_deref().filter(|z| !z.is_empty()).map(Box::from),
+            node_name: node_name.filter(|n| !n.is_empty()).map(Box::from),
+            zone: zone.filter(|z| !z.is_empty()).map(Box::from),
             hints: Hints::new(
                 hints
                     .and_then(|h| h.for_zones.as_ref())

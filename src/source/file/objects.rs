@@ -115,17 +115,16 @@ impl Object<'_> {
                 }
             }
             Kind::EndpointSlice => {
+                if let Source::Text(text) = value
+                    && let Some(slice) = slice::decode(text)
+                {
+                    return self.slice(&slice, dropped);
+                }
                 let slice = match decode::<discovery::EndpointSlice>(value, || self.label()) {
                     Ok(slice) => slice,
                     Err(r) => return Outcome::Rejected(r),
                 };
-                match convert::endpoint_slice_noting(&slice, dropped) {
-                    Ok(Some(s)) => Outcome::Slice(s),
-                    Ok(None) => Outcome::Ignored(
-                        convert::ignored_slice_reason(&slice).unwrap_or("not used"),
-                    ),
-                    Err(r) => self.reject(r),
-                }
+                self.slice(&slice, dropped)
             }
             Kind::Node => {
                 let node = match decode::<core::Node>(value, || self.label()) {
@@ -147,6 +146,18 @@ impl Object<'_> {
                     Err(r) => self.reject(r),
                 }
             }
+        }
+    }
+}
+
+impl Object<'_> {
+    fn slice(&self, slice: &impl convert::SliceObject, dropped: &mut Vec<Rejected>) -> Outcome {
+        match convert::endpoint_slice_noting(slice, dropped) {
+            Ok(Some(s)) => Outcome::Slice(s),
+            Ok(None) => {
+                Outcome::Ignored(convert::ignored_slice_reason(slice).unwrap_or("not used"))
+            }
+            Err(r) => self.reject(r),
         }
     }
 }

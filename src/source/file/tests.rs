@@ -306,3 +306,154 @@ fn the_end_of_a_string_is_found_wherever_it_falls_in_a_word() {
         assert_eq!(quote_or_backslash(&none, 0), None, "{none:?}");
     }
 }
+
+/// An EndpointSlice with every field k8s-openapi knows written, each endpoint's too.
+fn full_slice() -> Value {
+    serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "namespace": "ns", "name": "web-x", "uid": "u-1", "resourceVersion": "7",
+            "creationTimestamp": "2026-11-27T10:00:00Z",
+            "labels": {"kubernetes.io/service-name": "web"},
+            "annotations": {"a": "b"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "u-0"}]
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080, "appProtocol": "http"}],
+        "endpoints": [
+            {
+                "addresses": ["10.1.0.1", "10.1.0.2"],
+                "conditions": {"ready": true, "serving": true, "terminating": false},
+                "deprecatedTopology": {"k": "v"},
+                "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "node-a"}]},
+                "hostname": "web-0",
+                "nodeName": "node-a",
+                "targetRef": {"kind": "Pod", "namespace": "ns", "name": "web-0", "uid": "u-2"},
+                "zone": "z1"
+            },
+            {"addresses": ["10.1.0.3"], "nodeName": "node-b", "zone": "z\u{e9}"}
+        ]
+    })
+}
+
+/// The slice decoding of [`slice`] against k8s-openapi's on `text`: it decodes exactly what
+/// k8s-openapi decodes, and that converts to the same model object, dropped endpoints and
+/// rejection. Returns whether it decoded.
+fn slice_decodes_as_k8s_openapi(text: &str) -> bool {
+    let k8s = serde_json::from_str::<discovery::EndpointSlice>(text);
+    let Some(borrowed) = slice::decode(text) else {
+        assert!(k8s.is_err(), "decoded by k8s-openapi, not here: {text}");
+        return false;
+    };
+    let k8s = k8s.unwrap_or_else(|e| panic!("decoded here, refused by k8s-openapi ({e}): {text}"));
+    let (mut dropped_k8s, mut dropped) = (Vec::new(), Vec::new());
+    assert_eq!(
+        format!(
+            "{:?}",
+            convert::endpoint_slice_noting(&k8s, &mut dropped_k8s)
+        ),
+        format!(
+            "{:?}",
+            convert::endpoint_slice_noting(&borrowed, &mut dropped)
+        ),
+        "{text}"
+    );
+    assert_eq!(format!("{dropped_k8s:?}"), format!("{dropped:?}"), "{text}");
+    assert_eq!(
+        convert::ignored_slice_reason(&k8s),
+        convert::ignored_slice_reason(&borrowed)
+    );
+    true
+}
+
+#[test]
+fn a_slice_decoded_with_borrowed_strings_reads_as_k8s_openapi_reads_it_whatever_a_field_holds() {
+    let full = full_slice();
+    assert!(slice_decodes_as_k8s_openapi(&full.to_string()));
+    // Every field k8s-openapi reads, of the slice and of an endpoint, replaced by values of
+    // every JSON type and removed: a field k8s-openapi gains in a later version is decoded by
+    // it and skipped here, and fails this test on the values it refuses.
+    let others = [
+        Value::Null,
+        serde_json::json!(true),
+        serde_json::json!(7),
+        serde_json::json!(-1.5),
+        serde_json::json!("x"),
+        serde_json::json!("10.1.0.9"),
+        serde_json::json!([]),
+        serde_json::json!(["10.1.0.9"]),
+        serde_json::json!([7]),
+        serde_json::json!({}),
+        serde_json::json!({"ready": false}),
+    ];
+    let mut decoded = 0;
+    let mut variants = 0;
+    let endpoint_keys: Vec<String> = full["endpoints"][0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let slice_keys: Vec<String> = full.as_object().unwrap().keys().cloned().collect();
+    for key in &slice_keys {
+        for other in others.iter().map(Some).chain([None]) {
+            let mut v = full.clone();
+            match other {
+                Some(o) => v[key.as_str()] = o.clone(),
+                None => drop(v.as_object_mut().unwrap().remove(key.as_str())),
+            }
+            variants += 1;
+            decoded += usize::from(slice_decodes_as_k8s_openapi(&v.to_string()));
+        }
+    }
+    for key in &endpoint_keys {
+        for other in others.iter().map(Some).chain([None]) {
+            let mut v = full.clone();
+            let ep = &mut v["endpoints"][0];
+            match other {
+                Some(o) => ep[key.as_str()] = o.clone(),
+                None => drop(ep.as_object_mut().unwrap().remove(key.as_str())),
+            }
+            variants += 1;
+            decoded += usize::from(slice_decodes_as_k8s_openapi(&v.to_string()));
+        }
+    }
+    // k8s-openapi's own fields are all written in the full slice: serialized back, it has
+    // the same keys (a field added to k8s-openapi's type, with a value, shows up here).
+    let k8s: discovery::EndpointSlice = serde_json::from_value(full.clone()).unwrap();
+    let back = serde_json::to_value(&k8s).unwrap();
+    let back_keys: Vec<String> = back.as_object().unwrap().keys().cloned().collect();
+    let mut sorted = slice_keys.clone();
+    sorted.sort();
+    assert_eq!(back_keys, sorted);
+    let mut back_endpoint: Vec<String> = back["endpoints"][0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    back_endpoint.sort();
+    let mut sorted = endpoint_keys.clone();
+    sorted.sort();
+    assert_eq!(back_endpoint, sorted);
+    // Both kinds of variant occur: accepted ones compared by their conversion, refused ones.
+    assert!(
+        decoded >= 40 && variants - decoded >= 40,
+        "{decoded} of {variants} decoded"
+    );
+    // Items of a list, whole and in parts.
+    let mut endpoint_array = full.clone();
+    endpoint_array["endpoints"] = serde_json::json!([["10.1.0.1"]]);
+    for text in [
+        full.to_string(),
+        endpoint_array.to_string(),
+        full.to_string().replace("\"node-a\"", "\"node\\u002da\""),
+        full.to_string()
+            .replace("\"10.1.0.1\"", "\"10.1.0.\\u0031\""),
+    ] {
+        slice_decodes_as_k8s_openapi(&text);
+        both_ways(&list(&[text]));
+    }
+    assert!(!slice_decodes_as_k8s_openapi(&endpoint_array.to_string()));
+}
