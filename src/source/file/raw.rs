@@ -14,35 +14,29 @@
 //! an item into its text words some syntax errors differently). The tests and the fuzz target
 //! `file_reader` compare both readings of the same text.
 
-use std::borrow::Cow;
-
 use super::*;
 
 /// What the scan of an item found at its top: `kind` and `apiVersion`, and `name` and
 /// `namespace` in its `metadata`, each when it is a string.
 #[derive(Default)]
 pub(super) struct Head<'de> {
-    kind: Option<Cow<'de, str>>,
-    api_version: Option<Cow<'de, str>>,
-    name: Option<Cow<'de, str>>,
-    namespace: Option<Cow<'de, str>>,
+    kind: Option<&'de str>,
+    api_version: Option<&'de str>,
+    name: Option<&'de str>,
+    namespace: Option<&'de str>,
 }
 
 impl Head<'_> {
     /// The kind, when the item is one nodeproxy reads at the apiVersion it understands (what
     /// [`classify`] accepts).
     pub(super) fn kind(&self) -> Option<Kind> {
-        let kind = Kind::from_name(self.kind.as_deref()?)?;
-        (self.api_version.as_deref().unwrap_or_default() == kind.api_version()).then_some(kind)
+        let kind = Kind::from_name(self.kind?)?;
+        (self.api_version.unwrap_or_default() == kind.api_version()).then_some(kind)
     }
 
     /// What [`object_name`] takes from the same object.
     pub(super) fn name(&self, cluster_scoped: bool) -> Option<String> {
-        joined_name(
-            self.name.as_deref()?,
-            self.namespace.as_deref(),
-            cluster_scoped,
-        )
+        joined_name(self.name?, self.namespace, cluster_scoped)
     }
 }
 
@@ -86,7 +80,7 @@ struct Open {
 /// generic value it replaces (callgrind at 10k Services × 10 endpoints: 362 M instructions,
 /// against 228 M for this; the skipping itself is another 196 M).
 #[inline(never)]
-pub(super) fn scan<'de>(text: &'de str, keys: &mut Vec<Cow<'de, str>>) -> Scan<'de> {
+pub(super) fn scan<'de>(text: &'de str, keys: &mut Vec<&'de str>) -> Scan<'de> {
     let bytes = text.as_bytes();
     let mut head = Head::default();
     let mut open: Vec<Open> = Vec::with_capacity(16);
@@ -160,14 +154,14 @@ pub(super) fn scan<'de>(text: &'de str, keys: &mut Vec<Cow<'de, str>>) -> Scan<'
                         (At::Metadata, "namespace") => (Some(Slot::Namespace), At::Inside),
                         _ => (None, At::Inside),
                     };
-                    keys.push(Cow::Borrowed(inner));
+                    keys.push(inner);
                 } else {
                     child = At::Inside;
                     if let Some(slot) = pending.take() {
                         if escaped {
                             return Scan::Unsure;
                         }
-                        *head.slot(slot) = Some(Cow::Borrowed(inner));
+                        *head.slot(slot) = Some(inner);
                     }
                 }
             }
@@ -261,7 +255,7 @@ enum Slot {
 }
 
 impl<'de> Head<'de> {
-    fn slot(&mut self, slot: Slot) -> &mut Option<Cow<'de, str>> {
+    fn slot(&mut self, slot: Slot) -> &mut Option<&'de str> {
         match slot {
             Slot::Kind => &mut self.kind,
             Slot::ApiVersion => &mut self.api_version,
