@@ -98,7 +98,19 @@ impl Object<'_> {
         Outcome::Rejected(r)
     }
 
-    /// Decodes the object into the k8s-openapi type and converts that into the model.
+    /// Converts an EndpointSlice, however it was decoded.
+    fn slice(&self, slice: &impl convert::SliceObject, dropped: &mut Vec<Rejected>) -> Outcome {
+        match convert::endpoint_slice_noting(slice, dropped) {
+            Ok(Some(s)) => Outcome::Slice(s),
+            Ok(None) => {
+                Outcome::Ignored(convert::ignored_slice_reason(slice).unwrap_or("not used"))
+            }
+            Err(r) => self.reject(r),
+        }
+    }
+
+    /// Decodes the object into the k8s-openapi type (an EndpointSlice given as text into
+    /// `file/slice.rs`'s own, where that decodes it) and converts that into the model.
     fn convert(&self, value: Source<'_>, dropped: &mut Vec<Rejected>) -> Outcome {
         match self.kind {
             Kind::Service => {
@@ -146,18 +158,6 @@ impl Object<'_> {
                     Err(r) => self.reject(r),
                 }
             }
-        }
-    }
-}
-
-impl Object<'_> {
-    fn slice(&self, slice: &impl convert::SliceObject, dropped: &mut Vec<Rejected>) -> Outcome {
-        match convert::endpoint_slice_noting(slice, dropped) {
-            Ok(Some(s)) => Outcome::Slice(s),
-            Ok(None) => {
-                Outcome::Ignored(convert::ignored_slice_reason(slice).unwrap_or("not used"))
-            }
-            Err(r) => self.reject(r),
         }
     }
 }
