@@ -21,7 +21,6 @@
 //! JSON took ~161 ms on one thread, ~131 on two through values, ~103 from the items' text with
 //! the work shared (medians of ten `--once` re-applies, docs/performance.md).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 

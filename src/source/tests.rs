@@ -408,6 +408,45 @@ fn a_duplicate_object_in_a_later_file_wins_and_is_noted() {
 }
 
 #[test]
+fn each_definition_replaces_the_one_before_it_and_the_notes_follow_the_file() {
+    let web_slice = SLICE.replace("name: web-x1", "name: web");
+    let text = list(&[
+        &service_yaml("web", "10.96.0.1", "80"),
+        &service_yaml("api", "10.96.0.2", "80"),
+        // Another kind with the same name: no replacement.
+        &web_slice,
+        &service_yaml("api", "10.96.0.3", "80"),
+        &service_yaml("web", "10.96.0.4", "80"),
+        &service_yaml("api", "10.96.0.5", "80"),
+    ]);
+    for name in ["defs.yaml", "defs.json"] {
+        let text = if name.ends_with(".json") {
+            let value: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+            value.to_string()
+        } else {
+            text.clone()
+        };
+        let loaded = file::load_text(Path::new(name), &text).unwrap();
+        let ip = |svc: &str| loaded.state.services[&sn("shop", svc)].cluster_ips.clone();
+        assert_eq!(ip("web"), vec!["10.96.0.4".parse::<IpAddr>().unwrap()]);
+        assert_eq!(ip("api"), vec!["10.96.0.5".parse::<IpAddr>().unwrap()]);
+        assert_eq!(loaded.state.slices.len(), 1);
+        let note = |svc: &str, later: usize, earlier: usize| {
+            format!(
+                "Service shop/{svc}: defined again in {name}, item {later}; the definition in \
+                 {name}, item {earlier} is replaced"
+            )
+        };
+        assert_eq!(
+            loaded.replaced,
+            // In the order of the later definitions, not by name or by the earlier ones.
+            vec![note("api", 4, 2), note("web", 5, 1), note("api", 6, 4)],
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn a_later_invalid_duplicate_replaces_the_earlier_valid_one() {
     let dir = Scratch::new();
     let first = dir.file("1.yaml", &service_yaml("web", "10.96.0.1", "80"));

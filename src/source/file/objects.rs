@@ -4,7 +4,7 @@
 use super::*;
 
 /// The kinds nodeproxy reads, with the apiVersion it understands for each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Kind {
     Service,
     EndpointSlice,
@@ -217,27 +217,44 @@ pub(super) enum Source<'v> {
 /// model object or its report.
 pub(super) fn assemble(mut entries: Vec<Option<Entry<'_>>>) -> Loaded {
     let mut loaded = Loaded::default();
-    let mut seen: HashMap<(Kind, String), usize> = HashMap::new();
-
-    for index in 0..entries.len() {
-        let Some(slot) = entries.get_mut(index) else {
-            continue;
-        };
-        let object = match slot.take() {
-            None => continue,
-            Some(Entry::Report(Report::Rejected(r))) => {
-                loaded.rejected.push(r);
-                continue;
-            }
-            Some(Entry::Report(Report::Ignored(i))) => {
-                loaded.ignored.push(i);
-                continue;
-            }
-            Some(Entry::Object(object)) => object,
-        };
-        if let Some(name) = &object.name
-            && let Some(earlier) = seen.insert((object.kind, name.clone()), index)
-            && let Some(Some(Entry::Object(old))) = entries.get_mut(earlier).map(Option::take)
+    for slot in &mut entries {
+        match slot.take_if(|e| matches!(e, Entry::Report(_))) {
+            Some(Entry::Report(Report::Rejected(r))) => loaded.rejected.push(r),
+            Some(Entry::Report(Report::Ignored(i))) => loaded.ignored.push(i),
+            _ => {}
+        }
+    }
+    // A definition is replaced by the next one of the same kind and name, found by sorting
+    // references to the names: moving each (large) object out of its slot and back around a
+    // map of owned names, then inserting it into a B-tree, took merging to 20-28 ms at 10k
+    // Services × 10 endpoints, against ~10 ms this way (`load_files` in a loop).
+    let replaced = {
+        let mut named: Vec<(Kind, &str, usize)> = entries
+            .iter()
+            .enumerate()
+            .filter_map(|(index, entry)| match entry {
+                Some(Entry::Object(o)) => Some((o.kind, o.name.as_deref()?, index)),
+                _ => None,
+            })
+            .collect();
+        named.sort_unstable();
+        let mut replaced: Vec<(usize, usize)> = named
+            .windows(2)
+            .filter_map(|w| match w {
+                [(kind, name, earlier), (next_kind, next_name, later)]
+                    if kind == next_kind && name == next_name =>
+                {
+                    Some((*later, *earlier))
+                }
+                _ => None,
+            })
+            .collect();
+        replaced.sort_unstable();
+        replaced
+    };
+    for (later, earlier) in replaced {
+        if let Some(Some(Entry::Object(old))) = entries.get_mut(earlier).map(Option::take)
+            && let Some(Some(Entry::Object(object))) = entries.get(later)
         {
             loaded.replaced.push(format!(
                 "{}: defined again in {}; the definition in {} is replaced",
@@ -246,23 +263,20 @@ pub(super) fn assemble(mut entries: Vec<Option<Entry<'_>>>) -> Loaded {
                 old.origin
             ));
         }
-        if let Some(slot) = entries.get_mut(index) {
-            *slot = Some(Entry::Object(object));
-        }
     }
 
+    // Collected, then built in one go: that fills the B-trees' nodes, which inserts leave
+    // partly empty (3.2 of the model's 19.4 MB at 10k Services × 10 endpoints).
+    let mut services = Vec::new();
+    let mut slices = Vec::new();
     for entry in entries.into_iter().flatten() {
         let Entry::Object(mut object) = entry else {
             continue;
         };
         loaded.dropped.append(&mut object.dropped);
         match object.outcome {
-            Outcome::Service(s) => {
-                loaded.state.services.insert(s.name.clone(), s);
-            }
-            Outcome::Slice(s) => {
-                loaded.state.slices.insert(s.name.clone(), s);
-            }
+            Outcome::Service(s) => services.push((s.name.clone(), s)),
+            Outcome::Slice(s) => slices.push((s.name.clone(), s)),
             Outcome::Node(n) => {
                 loaded.state.nodes.insert(n.name.clone(), n);
             }
@@ -273,11 +287,9 @@ pub(super) fn assemble(mut entries: Vec<Option<Entry<'_>>>) -> Loaded {
             Outcome::Rejected(r) => loaded.rejected.push(r),
         }
     }
-    // Rebuilt in one go, with the same entries: that fills the B-trees' nodes, which inserts
-    // leave partly empty (3.2 of the model's 19.4 MB at 10k Services × 10 endpoints).
-    let state = &mut loaded.state;
-    state.services = std::mem::take(&mut state.services).into_iter().collect();
-    state.slices = std::mem::take(&mut state.slices).into_iter().collect();
+    // `collect` sorts stably and keeps the last of equal keys, as inserting in order did.
+    loaded.state.services = services.into_iter().collect();
+    loaded.state.slices = slices.into_iter().collect();
     loaded
 }
 
