@@ -342,7 +342,7 @@ pub fn desired_inputs(options: &Loaded) -> Result<(ClusterState, Settings), Mode
         .state
         .services
         .values()
-        .flat_map(|s| s.cluster_ips.iter().map(|ip| (s.name.to_string(), *ip)))
+        .flat_map(|s| s.cluster_ips.iter().map(|ip| (&s.name, *ip)))
         .collect();
     for warning in config::overlapping_cluster_cidr(config, &cluster_ips) {
         tracing::warn!("{warning}");

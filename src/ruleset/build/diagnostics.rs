@@ -72,14 +72,22 @@ pub fn address_warnings(state: &ClusterState, settings: &Settings) -> Vec<String
     } else {
         "--service-cidr"
     };
+    // Per family, once: per ClusterIP, at 50k Services, this list was a third of the time
+    // the warnings took.
+    let ranges_of = |family: IpFamily| -> Vec<_> {
+        ranges
+            .iter()
+            .filter(|c| IpFamily::of(&c.addr()) == family)
+            .collect()
+    };
+    let (v4, v6) = (ranges_of(IpFamily::V4), ranges_of(IpFamily::V6));
     if !ranges.is_empty() {
         for svc in state.services.values() {
             for ip in &svc.cluster_ips {
-                let family = IpFamily::of(ip);
-                let of_family: Vec<_> = ranges
-                    .iter()
-                    .filter(|c| IpFamily::of(&c.addr()) == family)
-                    .collect();
+                let of_family = match IpFamily::of(ip) {
+                    IpFamily::V4 => &v4,
+                    IpFamily::V6 => &v6,
+                };
                 if !of_family.is_empty() && !of_family.iter().any(|c| c.contains(ip)) {
                     out.push(format!(
                         "Service {}: ClusterIP {ip} is outside {source} ({}): the API \
@@ -117,17 +125,22 @@ pub fn address_warnings(state: &ClusterState, settings: &Settings) -> Vec<String
     let mut node_ports: BTreeMap<(u16, crate::model::Protocol), ServicePortName> = BTreeMap::new();
     for svc in state.services.values() {
         for port in &svc.ports {
+            let Some(np) = port.node_port else {
+                continue;
+            };
             let name = svc.port_name(port);
-            if let Some(np) = port.node_port {
-                let first = node_ports
-                    .entry((np, port.protocol))
-                    .or_insert(name.clone());
-                if *first != name {
+            match node_ports.entry((np, port.protocol)) {
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(name);
+                }
+                std::collections::btree_map::Entry::Occupied(first) if *first.get() != name => {
+                    let first = first.get();
                     out.push(format!(
                         "{name} and {first} both claim NodePort {np}/{}; {first} keeps it",
                         port.protocol
                     ));
                 }
+                std::collections::btree_map::Entry::Occupied(_) => {}
             }
         }
     }

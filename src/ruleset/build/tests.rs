@@ -242,6 +242,55 @@ fn build_is_deterministic() {
 }
 
 #[test]
+fn address_warnings_name_clusterips_outside_their_familys_ranges_and_shared_nodeports() {
+    let mut st = ClusterState::default();
+    let http = |n, ip, np| service("a", n, &[ip], &[("", Protocol::Tcp, 80, np)]);
+    for svc in [
+        http("in4", "10.96.0.10", Some(30001)),
+        http("out4", "10.200.0.1", None),
+        http("in6", "fd00:10:96::10", None),
+        http("out6", "fd00:99::1", None),
+        // The NodePort of a/in4 again: on TCP a clash, on UDP not.
+        service(
+            "b",
+            "again",
+            &["10.96.0.11"],
+            &[
+                ("t", Protocol::Tcp, 443, Some(30001)),
+                ("u", Protocol::Udp, 53, Some(30001)),
+            ],
+        ),
+        // One Service giving two of its ports the same NodePort.
+        service(
+            "c",
+            "twice",
+            &["10.96.0.12"],
+            &[
+                ("x", Protocol::Tcp, 81, Some(30002)),
+                ("y", Protocol::Tcp, 82, Some(30002)),
+            ],
+        ),
+    ] {
+        st.services.insert(svc.name.clone(), svc);
+    }
+    let mut s = settings();
+    s.service_cidrs = vec![
+        "10.96.0.0/16".parse().unwrap(),
+        "fd00:10:96::/108".parse().unwrap(),
+    ];
+    let warnings = address_warnings(&st, &s);
+    let expected = [
+        "Service a/out4: ClusterIP 10.200.0.1 is outside --service-cidr (10.96.0.0/16): the API \
+         server allocates ClusterIPs inside it; is the flag or the object wrong?",
+        "Service a/out6: ClusterIP fd00:99::1 is outside --service-cidr (fd00:10:96::/108): the \
+         API server allocates ClusterIPs inside it; is the flag or the object wrong?",
+        "b/again:t and a/in4:tcp both claim NodePort 30001/tcp; a/in4:tcp keeps it",
+        "c/twice:y and c/twice:x both claim NodePort 30002/tcp; c/twice:x keeps it",
+    ];
+    assert_eq!(warnings, expected);
+}
+
+#[test]
 fn service_ranges_are_the_flags_else_every_service_cidr_objects() {
     let mut state = ClusterState::default();
     state.service_cidrs.insert(
