@@ -143,12 +143,13 @@ pub(super) fn loopback(family: IpFamily) -> IpNet {
 
 pub(super) fn build_table(
     state: &ClusterState,
+    slices: &SlicesByService<'_>,
     settings: &Settings,
     family: IpFamily,
     claims: &Claims<'_>,
     contested: &mut Contested,
 ) -> Table {
-    let c = collect(state, settings, family, claims);
+    let c = collect(state, slices, settings, family, claims);
     let mark = settings.mark;
     let node = state.nodes.get(&settings.node_name);
     let all_addresses = settings.nodeport_addresses.all_of(family);
