@@ -411,7 +411,9 @@ impl ClusterState {
     /// EndpointSlices grouped by the Service they belong to. Build it once per computation:
     /// looking slices up per Service port would be quadratic at 10k Services.
     pub fn slices_by_service(&self) -> SlicesByService<'_> {
-        let mut index: HashMap<&ServiceName, Vec<&EndpointSlice>> = HashMap::new();
+        // Sized for a Service per slice (usually close): grown by doubling, every key was
+        // hashed again at each step.
+        let mut index: SlicesByService<'_> = HashMap::with_capacity(self.slices.len());
         for slice in self.slices.values() {
             index.entry(&slice.service).or_default().push(slice);
         }

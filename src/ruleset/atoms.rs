@@ -257,6 +257,27 @@ impl Atoms {
         }
     }
 
+    /// This sequence followed by `last`: the pick keys of one Service key (its key and each
+    /// slot) appended to the key packed once, instead of packed afresh per slot (96 of the
+    /// build's 646 M instructions at 50k Services; 41 M this way).
+    pub fn then(&self, last: Atom) -> Atoms {
+        if let Repr::Packed(bytes) = &self.0 {
+            let count = usize::from(bytes[CONTENT]);
+            let used = (0..count).fold(0, |at, _| at + 1 + width(bytes[at]));
+            let mut out = *bytes;
+            if count < MAX_PACKED_ATOMS
+                && put(&mut out[..CONTENT], used, last) <= CONTENT
+                && let Ok(count) = u8::try_from(count + 1)
+            {
+                out[CONTENT] = count;
+                return Atoms(Repr::Packed(out));
+            }
+        }
+        let mut all = self.to_vec();
+        all.push(last);
+        Atoms::new(&all)
+    }
+
     /// `prefix` followed by `last` (a pick key: the Service's key and a slot).
     pub fn extended(prefix: &[Atom], last: Atom) -> Atoms {
         let mut all = [Atom::Int(0); MAX_PACKED_ATOMS];
@@ -462,6 +483,8 @@ mod tests {
             ],
             vec![Atom::Int(1); 9],
             vec![net("10.0.0.0/8"), net("2001:db8::/32")],
+            // As many atoms as a packed sequence holds, with room left in its bytes.
+            vec![tcp; MAX_PACKED_ATOMS],
         ]
     }
 
@@ -503,11 +526,25 @@ mod tests {
     #[test]
     fn an_extended_key_is_its_prefix_and_the_last_atom() {
         for atoms in samples() {
-            let key = Atoms::extended(&atoms, Atom::Int(7));
-            let mut want = atoms.clone();
-            want.push(Atom::Int(7));
-            assert_eq!(key.to_vec(), want);
-            assert_eq!(key, Atoms::new(&want));
+            // Every kind of last atom, so that some fill the packed bytes exactly and some
+            // overflow them into the boxed form.
+            let net: ipnet::IpNet = "2001:db8::/64".parse().unwrap();
+            let six: IpAddr = "2001:db8::1".parse().unwrap();
+            for last in [
+                Atom::Int(7),
+                Atom::Proto(Protocol::Udp),
+                Atom::Addr(six),
+                Atom::Net(net),
+            ] {
+                let mut want = atoms.clone();
+                want.push(last);
+                let key = Atoms::extended(&atoms, last);
+                assert_eq!(key.to_vec(), want);
+                assert_eq!(key, Atoms::new(&want));
+                let then = Atoms::new(&atoms).then(last);
+                assert_eq!(then.to_vec(), want);
+                assert_eq!(then, Atoms::new(&want), "{atoms:?} then {last:?}");
+            }
         }
     }
 

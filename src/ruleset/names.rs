@@ -148,13 +148,27 @@ pub fn nodeport_pick_map(k: usize) -> String {
 pub const COMMENT_MAX: usize = 128;
 
 /// Truncates a comment to what nft accepts, on a character boundary.
-pub fn comment(text: &str) -> String {
-    if text.len() <= COMMENT_MAX {
-        return text.to_string();
-    }
-    let mut end = COMMENT_MAX;
+pub fn comment(text: &str) -> &str {
+    let mut end = text.len().min(COMMENT_MAX);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    text[..end].to_string()
+    text.get(..end).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_comment_is_cut_to_what_nft_accepts_on_a_character_boundary() {
+        assert_eq!(comment("shop/web:http"), "shop/web:http");
+        let long = "n".repeat(200);
+        assert_eq!(comment(&long), &long[..COMMENT_MAX]);
+        // A two-byte character across the limit is left out whole.
+        let straddling = format!("{}é", "n".repeat(COMMENT_MAX - 1));
+        assert_eq!(comment(&straddling), &straddling[..COMMENT_MAX - 1]);
+        let exact = "n".repeat(COMMENT_MAX);
+        assert_eq!(comment(&exact), exact);
+    }
 }

@@ -82,7 +82,10 @@ pub struct Claims<'a> {
 
 impl<'a> Claims<'a> {
     pub fn new(state: &'a ClusterState, family: IpFamily) -> Claims<'a> {
-        let mut winners: HashMap<(IpAddr, crate::model::Protocol, u16), Claim<'a>> = HashMap::new();
+        // Sized for one port per Service, the common case: grown by doubling, every key was
+        // hashed again at each step.
+        let mut winners: HashMap<(IpAddr, crate::model::Protocol, u16), Claim<'a>> =
+            HashMap::with_capacity(state.services.len());
         let mut clashes = Vec::new();
         for svc in state.services.values() {
             // Only Services with a ClusterIP of the family are programmed in it.
