@@ -316,6 +316,7 @@ pub use bytes::ElemBytes;
 use data::*;
 pub use data::{encode_data, parse_data};
 pub use expr::kind_names;
+pub(crate) use lower::AddressHasher;
 #[cfg(test)]
 pub(in crate::nft) use lower::SPLIT_MIN_ELEMENTS;
 pub use lower::{lower, lower_owned};

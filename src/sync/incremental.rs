@@ -35,7 +35,6 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -14,6 +14,7 @@ use super::expr::{
     reject,
 };
 use super::*;
+use std::hash::BuildHasherDefault;
 
 /// Loads the key fields into consecutive registers from NFT_REG_1; returns the words used.
 pub(super) fn load_key(family: IpFamily, key: &[KeyField], out: &mut Vec<WireExpr>) -> u32 {
@@ -354,7 +355,7 @@ pub(super) fn lower_set<E: Borrow<Element>>(
     table_desc: &str,
     set: &Set,
     elements: impl IntoIterator<Item = E>,
-    chains: &mut HashMap<String, Arc<str>>,
+    shared: &mut Shared,
 ) -> Result<WireSet, NftError> {
     let mut ws = set_definition(family, table_desc, set)?;
     let mut wire_elements = Elements::default();
@@ -363,7 +364,7 @@ pub(super) fn lower_set<E: Borrow<Element>>(
         table_desc,
         set,
         elements,
-        chains,
+        shared,
         &mut wire_elements,
     )?;
     ws.elements = wire_elements.into_map();
@@ -426,16 +427,69 @@ fn set_definition(family: IpFamily, table_desc: &str, set: &Set) -> Result<WireS
 
 /// Encodes `elements` of `set` into `out`, in order, and stops at the first one that cannot be
 /// encoded (those before it stay in `out`).
+/// What the elements of one table share as they are lowered, looked up rather than made per
+/// element: a verdict's chain name, and a comment's userdata.
+#[derive(Default)]
+pub(super) struct Shared {
+    chains: HashMap<String, Arc<str>>,
+    /// By the address of the comment's text, which the build shares among a Service port's
+    /// elements (kept alive here, so that no other text takes its address meanwhile).
+    comments: HashMap<usize, SharedComment, BuildHasherDefault<AddressHasher>>,
+}
+
+/// A comment's text and its userdata.
+type SharedComment = (Arc<str>, Arc<Vec<u8>>);
+
+/// Hashes an address of this process's own allocations with one multiplication: such
+/// addresses are distinct and no input's to choose, and SipHash per element was a visible part
+/// of a full sync (the daemon's element index) and of lowering (comments).
+#[derive(Default)]
+pub(crate) struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
+    }
+}
+
+impl Shared {
+    /// The userdata of comment `text`, made once per table: per set, as it was, each Service
+    /// port's comment was encoded again in every set it has elements in (udata::comment was a
+    /// fifth of lowering's instructions at 50k Services).
+    fn comment(&mut self, text: &Arc<str>) -> Arc<Vec<u8>> {
+        let at = Arc::as_ptr(text).cast::<u8>() as usize;
+        match self.comments.get(&at) {
+            Some((_, shared)) => shared.clone(),
+            None => {
+                let shared = Arc::new(udata::comment(text));
+                self.comments.insert(at, (text.clone(), shared.clone()));
+                shared
+            }
+        }
+    }
+}
+
 fn lower_elements<E: Borrow<Element>>(
     family: IpFamily,
     table_desc: &str,
     set: &Set,
     elements: impl IntoIterator<Item = E>,
-    chains: &mut HashMap<String, Arc<str>>,
+    shared: &mut Shared,
     out: &mut Elements,
 ) -> Result<(), NftError> {
     let interval = set.kind == SetKind::Interval;
-    let mut comments: HashMap<Arc<str>, Arc<Vec<u8>>> = HashMap::new();
     let mut last_comment: Option<(Arc<str>, Arc<Vec<u8>>)> = None;
     let mut scratch = Vec::with_capacity(64);
     for e in elements {
@@ -459,12 +513,12 @@ fn lower_elements<E: Borrow<Element>>(
                 let (code, chain) = verdict_code(v);
                 // Looked up before inserting: `entry` would take an owned name, an
                 // allocation per element.
-                let chain = chain.map(|c| match chains.get(c) {
-                    Some(shared) => shared.clone(),
+                let chain = chain.map(|c| match shared.chains.get(c) {
+                    Some(name) => name.clone(),
                     None => {
-                        let shared: Arc<str> = Arc::from(c);
-                        chains.insert(c.to_owned(), shared.clone());
-                        shared
+                        let name: Arc<str> = Arc::from(c);
+                        shared.chains.insert(c.to_owned(), name.clone());
+                        name
                     }
                 });
                 Some(WireData::Verdict { code, chain })
@@ -476,24 +530,15 @@ fn lower_elements<E: Borrow<Element>>(
         };
         let userdata = e.comment.as_ref().filter(|c| !c.is_empty()).map(|c| {
             // A Service port's elements are next to each other in most maps (sorted by the
-            // Service's address), and share one comment: the last one is checked before the
-            // comment is hashed (SipHash over ~30 bytes per element: 30 M instructions of a
-            // cold `--once` at 10k × 10).
-            if let Some((text, shared)) = &last_comment
+            // Service's address), and share one comment: the last one is checked first.
+            if let Some((text, userdata)) = &last_comment
                 && Arc::ptr_eq(text, c)
             {
-                return shared.clone();
+                return userdata.clone();
             }
-            let shared = match comments.get(c) {
-                Some(shared) => shared.clone(),
-                None => {
-                    let shared = Arc::new(udata::comment(c));
-                    comments.insert(c.clone(), shared.clone());
-                    shared
-                }
-            };
-            last_comment = Some((c.clone(), shared.clone()));
-            shared
+            let userdata = shared.comment(c);
+            last_comment = Some((c.clone(), userdata.clone()));
+            userdata
         });
         let elem = WireElem {
             key_end,
@@ -741,7 +786,7 @@ enum Part<'e> {
 /// Lowers the definitions of `sets` and, in order, the elements of each from `parts` (one per
 /// set); stops at the first failure, keeping what was lowered before it.
 fn lower_run(family: IpFamily, desc: &str, sets: &[Set], parts: Vec<Part<'_>>) -> Run {
-    let mut chains = HashMap::new();
+    let mut shared = Shared::default();
     let mut done = Vec::with_capacity(parts.len());
     for (set, part) in sets.iter().zip(parts) {
         let ws = match set_definition(family, desc, set) {
@@ -752,7 +797,7 @@ fn lower_run(family: IpFamily, desc: &str, sets: &[Set], parts: Vec<Part<'_>>) -
         let out = &mut elements;
         let result = match part {
             Part::Whole(list) => {
-                let result = lower_elements(family, desc, set, list, &mut chains, out);
+                let result = lower_elements(family, desc, set, list, &mut shared, out);
                 // Built into the set's map here, on this half's thread; a shared set's
                 // halves are joined first.
                 *out = Elements::Map(std::mem::take(out).into_map());
@@ -760,7 +805,7 @@ fn lower_run(family: IpFamily, desc: &str, sets: &[Set], parts: Vec<Part<'_>>) -
             }
             Part::Share(list) => {
                 let list = list.iter_mut().map(std::mem::take);
-                lower_elements(family, desc, set, list, &mut chains, out)
+                lower_elements(family, desc, set, list, &mut shared, out)
             }
         };
         done.push((ws, elements));
@@ -787,9 +832,9 @@ pub(super) fn lower_impl<E: Borrow<Element>, I: IntoIterator<Item = E>>(
 ) -> Result<WireTable, NftError> {
     let mut w = table_shell(table);
     let desc = w.describe();
-    let mut chain_names: HashMap<String, Arc<str>> = HashMap::new();
+    let mut shared = Shared::default();
     for set in &table.sets {
-        let ws = lower_set(table.family, &desc, set, elements_of(set), &mut chain_names)?;
+        let ws = lower_set(table.family, &desc, set, elements_of(set), &mut shared)?;
         w.add_set(&set.name, ws);
     }
     add_chains(table, &desc, &mut w)?;

@@ -300,29 +300,6 @@ impl Baseline {
     }
 }
 
-/// Hashes an address with one multiplication: the addresses of the origins are distinct and
-/// attacker-independent, and SipHash per element was a visible part of a full sync.
-#[derive(Default)]
-pub(super) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .rotate_left(26);
-    }
-}
-
 /// Notes `origin` among its Service's origins.
 pub(super) fn add_origin(
     origins: &mut HashMap<ServiceName, Vec<Arc<ServicePortName>>>,
