@@ -314,8 +314,9 @@ impl ConfigError {
 ///
 /// `cluster_ips` is `(service, ClusterIP)` pairs, the service shown as `namespace/name` so the
 /// message names one the operator will recognise (formatted only for the message: at 50k
-/// Services, formatting every name up front took 16 ms of `--once`). One message per offending CIDR, naming the first
-/// ClusterIP found and counting the others, so a large cluster does not flood the log.
+/// Services, formatting every name up front took 16 ms of `--once`). One message per
+/// offending CIDR, naming the first ClusterIP found and counting the others, so a large
+/// cluster does not flood the log.
 pub fn overlapping_cluster_cidr<S: fmt::Display>(
     config: &Config,
     cluster_ips: &[(S, IpAddr)],

@@ -425,8 +425,6 @@ fn set_definition(family: IpFamily, table_desc: &str, set: &Set) -> Result<WireS
     })
 }
 
-/// Encodes `elements` of `set` into `out`, in order, and stops at the first one that cannot be
-/// encoded (those before it stay in `out`).
 /// What the elements of one table share as they are lowered, looked up rather than made per
 /// element: a verdict's chain name, and a comment's userdata.
 #[derive(Default)]
@@ -481,6 +479,8 @@ impl Shared {
     }
 }
 
+/// Encodes `elements` of `set` into `out`, in order, and stops at the first one that cannot be
+/// encoded (those before it stay in `out`).
 fn lower_elements<E: Borrow<Element>>(
     family: IpFamily,
     table_desc: &str,
