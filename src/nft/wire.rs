@@ -302,6 +302,7 @@ impl WireData {
     }
 }
 
+mod address_hash;
 mod atoms;
 mod bytes;
 mod data;
@@ -309,6 +310,7 @@ pub(crate) mod expr;
 mod lower;
 mod size;
 
+pub(crate) use address_hash::AddressHasher;
 use atoms::*;
 pub(crate) use atoms::{addr_offset, concat_type};
 pub use atoms::{decode_atoms, format_concat, hex};
@@ -316,7 +318,6 @@ pub use bytes::ElemBytes;
 use data::*;
 pub use data::{encode_data, parse_data};
 pub use expr::kind_names;
-pub(crate) use lower::AddressHasher;
 #[cfg(test)]
 pub(in crate::nft) use lower::SPLIT_MIN_ELEMENTS;
 pub use lower::{lower, lower_owned};

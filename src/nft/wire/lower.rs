@@ -438,30 +438,6 @@ pub(super) struct Shared {
 /// A comment's text and its userdata.
 type SharedComment = (Arc<str>, Arc<Vec<u8>>);
 
-/// Hashes an address of this process's own allocations with one multiplication: such
-/// addresses are distinct and no input's to choose, and SipHash per element was a visible part
-/// of a full sync (the daemon's element index) and of lowering (comments).
-#[derive(Default)]
-pub(crate) struct AddressHasher(u64);
-
-impl std::hash::Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (n as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .rotate_left(26);
-    }
-}
-
 impl Shared {
     /// The userdata of comment `text`, made once per table: per set, as it was, each Service
     /// port's comment was encoded again in every set it has elements in (udata::comment was a

@@ -430,15 +430,14 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Conte
                 comment: ep.comment.clone(),
                 origin: ep.origin.clone(),
             };
-            let pick = Atoms::extended(
-                &job.key.atoms(),
-                Atom::Int(u32::try_from(index).unwrap_or(u32::MAX)),
-            );
+            let pick = job
+                .key
+                .then(Atom::Int(u32::try_from(index).unwrap_or(u32::MAX)));
             objects.picks.push(with(
                 pick,
                 Some(ElemData::Value(Atoms::new(&[Atom::Addr(addr)]))),
             ));
-            let endpoint = Atoms::extended(&job.key.atoms(), Atom::Addr(addr));
+            let endpoint = job.key.then(Atom::Addr(addr));
             objects.endpoints.push(with(endpoint, ep.data.clone()));
         }
         objects.chains.insert((job.timeout, k));

@@ -95,8 +95,9 @@ pub(super) fn add(
                     Atom::Proto(port.protocol),
                     Atom::Port(port.port),
                 ];
+                let packed = Atoms::new(&key);
                 for range in &ranges {
-                    let k = Atoms::extended(&key, Atom::Net(*range));
+                    let k = packed.then(Atom::Net(*range));
                     allow.push(keyed(k, None, &origin));
                 }
                 ips.push(element(&key, None, &origin));
