@@ -40,10 +40,7 @@ fn label(services: u32, endpoints: u32) -> String {
 }
 
 fn name(ns: String, name: String) -> ServiceName {
-    ServiceName {
-        namespace: ns,
-        name,
-    }
+    ServiceName::new(&ns, &name)
 }
 
 /// The same shape as `examples/gen_cluster.rs`: every fourth service has a NodePort, endpoints
@@ -100,7 +97,7 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
             })
             .collect();
         let slice = EndpointSlice {
-            name: name(svc_name.namespace.clone(), format!("svc{s}-abcde")),
+            name: name(svc_name.namespace().to_owned(), format!("svc{s}-abcde")),
             service: svc_name.clone(),
             family: IpFamily::V4,
             ports: vec![SlicePort {

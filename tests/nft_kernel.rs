@@ -531,10 +531,7 @@ fn add_bulk(
     use nodeproxy::model::*;
     let mut names = BTreeSet::new();
     for i in range {
-        let svc_name = ServiceName {
-            namespace: "ns".into(),
-            name: format!("bulk-{i}"),
-        };
+        let svc_name = ServiceName::new("ns", &format!("bulk-{i}"));
         let svc = Service {
             cluster_ips: vec![std::net::Ipv4Addr::from(0x0a60_0000 + i).into()],
             ports: vec![ServicePort {
@@ -546,10 +543,7 @@ fn add_bulk(
             ..Service::new(svc_name.clone())
         };
         let slice = EndpointSlice {
-            name: ServiceName {
-                namespace: "ns".into(),
-                name: format!("bulk-{i}-1"),
-            },
+            name: ServiceName::new("ns", &format!("bulk-{i}-1")),
             service: svc_name.clone(),
             family: IpFamily::V4,
             ports: vec![SlicePort {

@@ -69,14 +69,11 @@ async fn eventually(w: &mut ClusterWatch, what: &str, cond: impl Fn(&ClusterStat
 }
 
 fn svc_key(name: &str) -> ServiceName {
-    ServiceName {
-        namespace: "ns".into(),
-        name: name.into(),
-    }
+    ServiceName::new("ns", name)
 }
 
 fn service_names(s: &ClusterState) -> Vec<String> {
-    s.services.keys().map(|k| k.name.clone()).collect()
+    s.services.keys().map(|k| k.name().to_owned()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -125,8 +125,8 @@ fn health_check(
         }
     }
     Some(HealthCheckService {
-        namespace: svc.name.namespace.clone(),
-        name: svc.name.name.clone(),
+        namespace: svc.name.namespace().to_owned(),
+        name: svc.name.name().to_owned(),
         port,
         local_endpoints: local.len(),
     })

@@ -132,8 +132,8 @@ fn service_ref(name: &ServiceName, uid: Option<&str>) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Service".into()),
-        namespace: Some(name.namespace.clone()),
-        name: Some(name.name.clone()),
+        namespace: Some(name.namespace().to_owned()),
+        name: Some(name.name().to_owned()),
         uid: uid.map(str::to_owned),
         ..ObjectReference::default()
     }

@@ -242,8 +242,8 @@ fn oracle_health_check_services(state: &ClusterState, node_name: &str) -> Vec<He
             }
         }
         out.push(HealthCheckService {
-            namespace: svc.name.namespace.clone(),
-            name: svc.name.name.clone(),
+            namespace: svc.name.namespace().to_owned(),
+            name: svc.name.name().to_owned(),
             port,
             local_endpoints: local.len(),
         });
@@ -329,10 +329,7 @@ fn built(state: &ClusterState) -> Caches {
 }
 
 fn name(n: &str) -> ServiceName {
-    ServiceName {
-        namespace: "ns".into(),
-        name: n.into(),
-    }
+    ServiceName::new("ns", n)
 }
 
 fn svc(n: &str, ip: &str, protocol: Protocol) -> Service {

@@ -373,10 +373,7 @@ fn names(
     }
     check_text(&ctx, "metadata.name", name)?;
     check_text(&ctx, "metadata.namespace", namespace)?;
-    Ok(ServiceName {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-    })
+    Ok(ServiceName::new(namespace, name))
 }
 
 fn cluster_ips(ctx: &Ctx, spec: &core::ServiceSpec) -> Result<Vec<IpAddr>, Rejected> {

@@ -3,15 +3,9 @@ use super::*;
 
 #[test]
 fn endpoints_prefer_non_terminating_duplicate() {
-    let svc = ServiceName {
-        namespace: "ns".into(),
-        name: "a".into(),
-    };
+    let svc = ServiceName::new("ns", "a");
     let mk = |slice: &str, terminating: bool| EndpointSlice {
-        name: ServiceName {
-            namespace: "ns".into(),
-            name: slice.into(),
-        },
+        name: ServiceName::new("ns", slice),
         service: svc.clone(),
         family: IpFamily::V4,
         ports: vec![SlicePort {
@@ -55,10 +49,7 @@ fn endpoints_prefer_non_terminating_duplicate() {
 
 #[test]
 fn a_subset_holds_the_services_and_every_slice_of_theirs_whatever_the_slices_are_named() {
-    let name = |ns: &str, n: &str| ServiceName {
-        namespace: ns.into(),
-        name: n.into(),
-    };
+    let name = |ns: &str, n: &str| ServiceName::new(ns, n);
     let mut state = ClusterState::default();
     // Slices named after their Service or not, in namespaces that sort before, between and
     // after the changed Services' ones, with same-named Services in other namespaces.
@@ -96,4 +87,39 @@ fn a_subset_holds_the_services_and_every_slice_of_theirs_whatever_the_slices_are
     );
     let services: Vec<String> = subset.services.keys().map(ToString::to_string).collect();
     assert_eq!(services, ["b/web", "c/db"]);
+}
+
+#[test]
+fn a_service_name_is_its_namespace_and_name_compared_as_that_pair() {
+    let name = ServiceName::new("shop", "web");
+    assert_eq!((name.namespace(), name.name()), ("shop", "web"));
+    assert_eq!(name.to_string(), "shop/web");
+    assert_eq!(
+        format!("{name:?}"),
+        r#"ServiceName { namespace: "shop", name: "web" }"#
+    );
+    assert_eq!(name.clone(), name);
+
+    // Ordered by namespace first: as one text "a-b/y" would sort before "a/x" ('-' < '/').
+    let mut names = vec![
+        ServiceName::new("a-b", "y"),
+        ServiceName::new("a", "x"),
+        ServiceName::new("a", "x-1"),
+        ServiceName::new("a", ""),
+    ];
+    names.sort();
+    let pairs: Vec<(&str, &str)> = names.iter().map(|n| (n.namespace(), n.name())).collect();
+    assert_eq!(pairs, [("a", ""), ("a", "x"), ("a", "x-1"), ("a-b", "y")]);
+
+    // A file may put a '/' in a name (only control characters and length are refused): the
+    // split is part of the identity, although both display alike.
+    let left = ServiceName::new("a/b", "c");
+    let right = ServiceName::new("a", "b/c");
+    assert_eq!(left.to_string(), right.to_string());
+    assert_ne!(left, right);
+    assert_eq!((left.namespace(), left.name()), ("a/b", "c"));
+    assert_eq!((right.namespace(), right.name()), ("a", "b/c"));
+    assert_eq!(left.cmp(&right), std::cmp::Ordering::Greater);
+    let set: std::collections::HashSet<ServiceName> = [left, right].into_iter().collect();
+    assert_eq!(set.len(), 2);
 }

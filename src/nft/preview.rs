@@ -550,10 +550,7 @@ fn service_of(elem: &WireElem) -> Option<ServiceName> {
             && s.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
     };
-    (label(namespace) && label(name)).then(|| ServiceName {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-    })
+    (label(namespace) && label(name)).then(|| ServiceName::new(namespace, name))
 }
 
 #[cfg(test)]

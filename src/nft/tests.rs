@@ -6,10 +6,7 @@ use crate::ruleset::*;
 
 fn origin(name: &str) -> ServicePortName {
     ServicePortName {
-        service: ServiceName {
-            namespace: "ns".into(),
-            name: name.into(),
-        },
+        service: ServiceName::new("ns", name),
         port: String::new(),
         protocol: Protocol::Tcp,
     }

@@ -85,7 +85,7 @@ impl Origin {
         // each Service port (55 of the build's 726 M instructions at 50k Services).
         let service = &name.service;
         let mut text = String::with_capacity(
-            service.namespace.len() + service.name.len() + name.port.len().max(4) + 2,
+            service.namespace().len() + service.name().len() + name.port.len().max(4) + 2,
         );
         let _ = write!(text, "{name}");
         Origin {

@@ -40,10 +40,7 @@ fn load_one(name: &str, text: &str) -> Result<Loaded, SourceError> {
 }
 
 fn sn(ns: &str, name: &str) -> ServiceName {
-    ServiceName {
-        namespace: ns.into(),
-        name: name.into(),
-    }
+    ServiceName::new(ns, name)
 }
 
 fn service_yaml(name: &str, ip: &str, port: &str) -> String {

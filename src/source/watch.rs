@@ -383,10 +383,10 @@ trait Kind:
 
 fn namespaced_key<K: Resource>(obj: &K) -> Option<ServiceName> {
     let meta = obj.meta();
-    Some(ServiceName {
-        namespace: meta.namespace.clone()?,
-        name: meta.name.clone()?,
-    })
+    Some(ServiceName::new(
+        meta.namespace.as_deref()?,
+        meta.name.as_deref()?,
+    ))
 }
 
 impl Kind for core::Service {
@@ -447,10 +447,10 @@ impl Kind for discovery::EndpointSlice {
         let raw = obj.annotations().get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME)?;
         // An unparsable annotation only costs a metric sample; the slice itself is fine.
         let at = k8s_openapi::jiff::Timestamp::from_str(raw).ok()?;
-        let service = ServiceName {
-            namespace: obj.namespace()?,
-            name: obj.labels().get(convert::LABEL_SERVICE_NAME)?.clone(),
-        };
+        let service = ServiceName::new(
+            &obj.namespace()?,
+            obj.labels().get(convert::LABEL_SERVICE_NAME)?,
+        );
         Some((service, SystemTime::from(at)))
     }
 }

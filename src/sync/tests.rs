@@ -10,10 +10,7 @@ use crate::nft::{ApplyStats, FakeKernel, Op, Plan, RejectedOp};
 use crate::sync::incremental;
 
 fn name(ns: &str, n: &str) -> ServiceName {
-    ServiceName {
-        namespace: ns.into(),
-        name: n.into(),
-    }
+    ServiceName::new(ns, n)
 }
 
 /// A ClusterIP Service `ns/n` on port 80 with one ready endpoint (port 8080 on node-b); also
@@ -97,7 +94,7 @@ impl Kernel for PoisonKernel {
             if let Op::AddElems { set, elems, .. } = op {
                 for (_, elem) in elems {
                     if let Some(origin) = &elem.origin
-                        && self.poisoned.contains(&origin.service.name)
+                        && self.poisoned.iter().any(|p| p == origin.service.name())
                     {
                         errors.push(RejectedOp {
                             op: "add element",
@@ -375,7 +372,7 @@ fn a_rejection_of_every_service_in_turn_is_bounded() {
             "198.51.100.50",
         );
     }
-    let everyone: Vec<String> = st.services.keys().map(|n| n.name.clone()).collect();
+    let everyone: Vec<String> = st.services.keys().map(|n| n.name().to_owned()).collect();
     let refs: Vec<&str> = everyone.iter().map(String::as_str).collect();
     let mut syncer = Syncer::new(kernel(&refs));
     // All of them are rejected in the first round, so all are quarantined at once and the
@@ -687,7 +684,7 @@ fn random_slice(rng: &mut Rng, i: usize, k: usize, service: Option<&Service>) ->
     let count = *rng.pick(&[0usize, 1, 2, 2, 3, 3, 4, 5]);
     let svc = slot_name(i);
     EndpointSlice {
-        name: name(&svc.namespace, &format!("{}-{k}", svc.name)),
+        name: name(svc.namespace(), &format!("{}-{k}", svc.name())),
         service: svc,
         family,
         ports,

@@ -7,10 +7,7 @@ use nodeproxy::ruleset::*;
 
 pub fn spn(ns: &str, name: &str, port: &str) -> ServicePortName {
     ServicePortName {
-        service: ServiceName {
-            namespace: ns.into(),
-            name: name.into(),
-        },
+        service: ServiceName::new(ns, name),
         port: port.into(),
         protocol: Protocol::Tcp,
     }

@@ -83,10 +83,7 @@ fn the_default_limits_are_the_documented_ones() {
 }
 
 fn name() -> ServiceName {
-    ServiceName {
-        namespace: "shop".into(),
-        name: "web".into(),
-    }
+    ServiceName::new("shop", "web")
 }
 
 #[test]

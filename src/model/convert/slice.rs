@@ -100,8 +100,8 @@ pub fn endpoint_slice_noting(
     let name = names("EndpointSlice", s.metadata())?;
     let ctx = Ctx {
         kind: "EndpointSlice",
-        namespace: Some(&name.namespace),
-        name: &name.name,
+        namespace: Some(name.namespace()),
+        name: name.name(),
     };
     if ignored_slice_reason(s).is_some() {
         return Ok(None);
@@ -139,10 +139,7 @@ pub fn endpoint_slice_noting(
         format_args!("metadata.labels[\"{LABEL_SERVICE_NAME}\"]"),
         service_name,
     )?;
-    let service = ServiceName {
-        namespace: name.namespace.clone(),
-        name: service_name.to_owned(),
-    };
+    let service = ServiceName::new(name.namespace(), service_name);
 
     let mut ports = Vec::new();
     for (i, p) in s.ports().iter().enumerate() {

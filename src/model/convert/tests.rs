@@ -121,10 +121,7 @@ fn a_valid_service_converts_with_all_defaults() {
     assert_eq!(
         s,
         Service {
-            name: ServiceName {
-                namespace: "shop".into(),
-                name: "web".into()
-            },
+            name: ServiceName::new("shop", "web"),
             cluster_ips: vec![ip("10.96.0.50")],
             ports: vec![ServicePort {
                 name: String::new(),

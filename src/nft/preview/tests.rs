@@ -9,10 +9,7 @@ use crate::ruleset::{self, Settings};
 use crate::sync::tests::add_service;
 
 fn name(n: &str) -> ServiceName {
-    ServiceName {
-        namespace: "ns".into(),
-        name: n.into(),
-    }
+    ServiceName::new("ns", n)
 }
 
 fn state() -> ClusterState {

@@ -7,10 +7,7 @@ use crate::model::{
 use crate::ruleset::render::render;
 
 fn name(ns: &str, n: &str) -> ServiceName {
-    ServiceName {
-        namespace: ns.into(),
-        name: n.into(),
-    }
+    ServiceName::new(ns, n)
 }
 
 fn service(

@@ -174,7 +174,7 @@ fn many_items_read_in_file_order_and_a_document_that_was_not_a_list_is_taken_bac
         .state
         .services
         .keys()
-        .map(|n| n.name.clone())
+        .map(|n| n.name().to_owned())
         .collect();
     assert_eq!(names, ["odd", "s400"], "{shown:.300}");
 }

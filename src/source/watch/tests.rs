@@ -49,10 +49,7 @@ fn decode<T: serde::de::DeserializeOwned>(v: Value) -> T {
 }
 
 fn key(name: &str) -> ServiceName {
-    ServiceName {
-        namespace: "ns".into(),
-        name: name.into(),
-    }
+    ServiceName::new("ns", name)
 }
 
 fn services(shared: &Shared) -> Vec<String> {
@@ -60,7 +57,7 @@ fn services(shared: &Shared) -> Vec<String> {
 }
 
 fn service_names(state: &ClusterState) -> Vec<String> {
-    state.services.keys().map(|k| k.name.clone()).collect()
+    state.services.keys().map(|k| k.name().to_owned()).collect()
 }
 
 #[test]

@@ -158,10 +158,7 @@ fn the_digest_covers_every_element_field_and_set_name_but_no_dynamic_set() {
     assert_eq!(
         changed(
             &|c| first(c).origin = Some(Arc::new(crate::model::ServicePortName {
-                service: crate::model::ServiceName {
-                    namespace: "ns".into(),
-                    name: "a".into(),
-                },
+                service: crate::model::ServiceName::new("ns", "a"),
                 port: "http".into(),
                 protocol: crate::model::Protocol::Tcp,
             }))

@@ -52,10 +52,7 @@ fn state(endpoints: &[&str]) -> ClusterState {
             ..Node::default()
         },
     );
-    let name = ServiceName {
-        namespace: "shop".into(),
-        name: "web".into(),
-    };
+    let name = ServiceName::new("shop", "web");
     st.services.insert(
         name.clone(),
         Service {
@@ -75,10 +72,7 @@ fn state(endpoints: &[&str]) -> ClusterState {
     for (i, ep) in endpoints.iter().chain(&v6).enumerate() {
         let ep = sock(ep);
         let slice = EndpointSlice {
-            name: ServiceName {
-                namespace: "shop".into(),
-                name: format!("web-{i}"),
-            },
+            name: ServiceName::new("shop", &format!("web-{i}")),
             service: name.clone(),
             family: IpFamily::of(&ep.ip()),
             ports: vec![SlicePort {
