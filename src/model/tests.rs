@@ -101,7 +101,7 @@ fn a_service_name_is_its_namespace_and_name_compared_as_that_pair() {
     assert_eq!(name.clone(), name);
 
     // Ordered by namespace first: as one text "a-b/y" would sort before "a/x" ('-' < '/').
-    let mut names = vec![
+    let mut names = [
         ServiceName::new("a-b", "y"),
         ServiceName::new("a", "x"),
         ServiceName::new("a", "x-1"),
