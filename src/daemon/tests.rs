@@ -650,7 +650,7 @@ fn random_slice(rng: &mut Rng, n: usize) -> EndpointSlice {
                 },
                 node_name: rng
                     .pick(&[Some("node-a"), Some("node-b"), None])
-                    .map(Box::from),
+                    .map(Arc::from),
                 zone: None,
                 hints: None,
             }

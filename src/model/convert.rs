@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 
 use super::{
-    Conditions, EndpointSlice, Hints, IpFamily, Node, Protocol, Rejected, Service, ServiceName,
-    ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+    Conditions, EndpointSlice, Hints, IpFamily, NameTable, Node, Protocol, Rejected, Service,
+    ServiceName, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 
 /// Objects with this label belong to another proxy.

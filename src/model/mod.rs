@@ -300,17 +300,59 @@ pub struct SlicePort {
     pub port: u16,
 }
 
-/// One endpoint of a slice. Boxed strings rather than `String`, and the hints (set only with
-/// topology-aware routing) behind one pointer: 64 bytes instead of 120 per endpoint, and a
-/// cluster has far more endpoints than anything else.
+/// One endpoint of a slice. The node and zone shared (see [`NameTable`]) rather than a
+/// `String` each, and the hints (set only with topology-aware routing) behind one pointer: 64
+/// bytes instead of 120 per endpoint, and a cluster has far more endpoints than anything else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceEndpoint {
     pub addr: IpAddr,
     pub conditions: Conditions,
-    pub node_name: Option<Box<str>>,
-    pub zone: Option<Box<str>>,
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     /// `None` when there are no hints; see [`Hints::new`].
     pub hints: Option<Box<Hints>>,
+}
+
+/// Node and zone names as the endpoints hold them: each text once per table, however many
+/// endpoints name it. A cluster has a hundred or more endpoints per node (kubelet's default
+/// limit is 110 pods), and a node's name is often 30-50 bytes (`ip-10-0-12-34.us-west-2.
+/// compute.internal`), which a string per endpoint held 100k times at 10k Services × 10
+/// endpoints. A converting thread keeps one table; a name no endpoint holds any more is
+/// dropped when the table has doubled since it was last pruned, so a stream of made-up names
+/// costs at most twice what the model holds.
+#[derive(Debug, Default)]
+pub struct NameTable {
+    names: std::collections::HashSet<Arc<str>>,
+    /// How many names the table held after it was last pruned.
+    pruned_to: usize,
+}
+
+impl NameTable {
+    /// Pruning starts at this many names: below it, the table is small whatever it holds.
+    const PRUNE_FROM: usize = 1024;
+
+    /// `name`, shared with every earlier request for the same text.
+    pub fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(held) = self.names.get(name) {
+            return Arc::clone(held);
+        }
+        if self.names.len() >= (2 * self.pruned_to).max(Self::PRUNE_FROM) {
+            // Held only by the table: no endpoint names it any more.
+            self.names.retain(|n| Arc::strong_count(n) > 1);
+            self.pruned_to = self.names.len();
+        }
+        let name: Arc<str> = Arc::from(name);
+        self.names.insert(Arc::clone(&name));
+        name
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
 }
 
 /// An endpoint's `hints`, when it has any.

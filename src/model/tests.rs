@@ -123,3 +123,31 @@ fn a_service_name_is_its_namespace_and_name_compared_as_that_pair() {
     let set: std::collections::HashSet<ServiceName> = [left, right].into_iter().collect();
     assert_eq!(set.len(), 2);
 }
+
+#[test]
+fn a_name_table_gives_one_text_per_name_and_forgets_names_nobody_holds() {
+    let mut names = NameTable::default();
+    let a = names.get("node-a");
+    let again = names.get("node-a");
+    assert!(Arc::ptr_eq(&a, &again));
+    assert_eq!(&*a, "node-a");
+    assert!(!Arc::ptr_eq(&a, &names.get("node-b")));
+
+    // Names that nothing holds any more are dropped once the table reaches its pruning size;
+    // the ones still held stay, and give the same text afterwards.
+    for i in 0..NameTable::PRUNE_FROM {
+        names.get(&format!("gone-{i}"));
+    }
+    assert!(names.len() <= NameTable::PRUNE_FROM);
+    let kept = names.get("node-a");
+    assert!(Arc::ptr_eq(&a, &kept));
+    assert_eq!(&*names.get("node-c"), "node-c");
+
+    // A stream of names that are never kept costs at most twice what is held (here: nothing
+    // but node-a, node-c and the newest name).
+    for i in 0..10 * NameTable::PRUNE_FROM {
+        names.get(&format!("churn-{i}"));
+        assert!(names.len() <= NameTable::PRUNE_FROM);
+    }
+    assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+}

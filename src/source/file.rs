@@ -37,7 +37,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{Loaded, SourceError};
-use crate::model::{self, Rejected, convert};
+use crate::model::{self, NameTable, Rejected, convert};
 
 mod objects;
 mod raw;
@@ -110,9 +110,10 @@ fn load<'p>(
         let (jobs, queue) = std::sync::mpsc::sync_channel::<(u64, Job<'p>)>(QUEUE);
         let (done, converted) = std::sync::mpsc::channel();
         scope.spawn(move || {
+            let mut names = NameTable::default();
             let entries: Vec<_> = queue
                 .into_iter()
-                .map(|(seq, job)| (seq, job.run()))
+                .map(|(seq, job)| (seq, job.run(&mut names)))
                 .collect();
             let _ = done.send(entries);
         });
@@ -124,6 +125,7 @@ fn load<'p>(
             raw: false,
             seq: 0,
             own: Vec::new(),
+            names: NameTable::default(),
             jobs,
         };
         let result = read(&mut reader);
@@ -164,10 +166,10 @@ enum Job<'p> {
 }
 
 impl<'p> Job<'p> {
-    fn run(self) -> Entry<'p> {
+    fn run(self, names: &mut NameTable) -> Entry<'p> {
         match self {
-            Job::Item(origin, value) => read_item(origin, value),
-            Job::Raw(origin, raw, kind, name) => read_raw(origin, &raw, kind, name),
+            Job::Item(origin, value) => read_item(origin, value, names),
+            Job::Raw(origin, raw, kind, name) => read_raw(origin, &raw, kind, name, names),
         }
     }
 }
@@ -250,6 +252,9 @@ struct Reader<'p> {
     seq: u64,
     /// What this thread did itself, with sequence numbers.
     own: Vec<(u64, Done<Entry<'p>>)>,
+    /// The node and zone names of the endpoints this thread converts (the converting thread
+    /// has its own).
+    names: NameTable,
     jobs: std::sync::mpsc::SyncSender<(u64, Job<'p>)>,
 }
 
@@ -382,7 +387,7 @@ impl<'p> Reader<'p> {
         match self.jobs.try_send((seq, job)) {
             Ok(()) => {}
             Err(std::sync::mpsc::TrySendError::Full((seq, job))) => {
-                self.own.push((seq, Done::Entry(job.run())));
+                self.own.push((seq, Done::Entry(job.run(&mut self.names))));
             }
             // The converting thread stops early only by panicking, which the scope raises.
             Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {}

@@ -32,7 +32,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch as channel;
 use tokio::task::JoinHandle;
 
-use crate::model::{self, ClusterState, Rejected, ServiceName, convert, printable};
+use crate::model::{self, ClusterState, NameTable, Rejected, ServiceName, convert, printable};
 
 /// The label selector kube-proxy's informers use for Services and EndpointSlices: objects owned
 /// by another proxy, and the slices of headless Services, are never sent to us.
@@ -369,7 +369,12 @@ trait Kind:
     fn key(obj: &Self) -> Option<Self::Key>;
     /// `Ok(None)`: a valid object the proxy does not use. Parts left out of a used object
     /// (an endpoint at a special address, …) are reported in `dropped`.
-    fn convert(obj: &Self, dropped: &mut Vec<Rejected>) -> Result<Option<Self::Model>, Rejected>;
+    /// `names` holds the node and zone names of the endpoints converted so far.
+    fn convert(
+        obj: &Self,
+        dropped: &mut Vec<Rejected>,
+        names: &mut NameTable,
+    ) -> Result<Option<Self::Model>, Rejected>;
     fn map(state: &ClusterState) -> &BTreeMap<Self::Key, Self::Model>;
     fn map_mut(state: &mut ClusterState) -> &mut BTreeMap<Self::Key, Self::Model>;
     fn counter(changes: &mut Changes) -> &mut u64;
@@ -400,6 +405,7 @@ impl Kind for core::Service {
     fn convert(
         obj: &Self,
         dropped: &mut Vec<Rejected>,
+        _names: &mut NameTable,
     ) -> Result<Option<model::Service>, Rejected> {
         convert::service_noting(obj, dropped)
     }
@@ -428,8 +434,9 @@ impl Kind for discovery::EndpointSlice {
     fn convert(
         obj: &Self,
         dropped: &mut Vec<Rejected>,
+        names: &mut NameTable,
     ) -> Result<Option<model::EndpointSlice>, Rejected> {
-        convert::endpoint_slice_noting(obj, dropped)
+        convert::endpoint_slice_noting(obj, dropped, names)
     }
     fn map(state: &ClusterState) -> &BTreeMap<ServiceName, model::EndpointSlice> {
         &state.slices
@@ -463,7 +470,11 @@ impl Kind for core::Node {
     fn key(obj: &Self) -> Option<String> {
         obj.meta().name.clone()
     }
-    fn convert(obj: &Self, _dropped: &mut Vec<Rejected>) -> Result<Option<model::Node>, Rejected> {
+    fn convert(
+        obj: &Self,
+        _dropped: &mut Vec<Rejected>,
+        _names: &mut NameTable,
+    ) -> Result<Option<model::Node>, Rejected> {
         convert::node(obj).map(Some)
     }
     fn map(state: &ClusterState) -> &BTreeMap<String, model::Node> {
@@ -491,6 +502,7 @@ impl Kind for networking::ServiceCIDR {
     fn convert(
         obj: &Self,
         _dropped: &mut Vec<Rejected>,
+        _names: &mut NameTable,
     ) -> Result<Option<Vec<ipnet::IpNet>>, Rejected> {
         convert::service_cidr(obj).map(|(_, cidrs)| Some(cidrs))
     }

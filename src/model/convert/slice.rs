@@ -14,7 +14,7 @@ use super::*;
 /// slice's family rejects the whole slice, since the controller never writes one and the slice
 /// is then not trustworthy.
 pub fn endpoint_slice(s: &discovery::EndpointSlice) -> Result<Option<EndpointSlice>, Rejected> {
-    endpoint_slice_noting(s, &mut Vec::new())
+    endpoint_slice_noting(s, &mut Vec::new(), &mut NameTable::default())
 }
 
 /// What the conversion reads of an EndpointSlice. One conversion serves k8s-openapi's type (the
@@ -92,10 +92,12 @@ pub(super) fn dropped_report(mut report: Rejected) -> Rejected {
 }
 
 /// [`endpoint_slice`], pushing onto `dropped` a report for each endpoint left out while the
-/// rest of the slice is used (one at a special address).
+/// rest of the slice is used (one at a special address), and taking node and zone names from
+/// `table`.
 pub fn endpoint_slice_noting(
     s: &impl SliceObject,
     dropped: &mut Vec<Rejected>,
+    table: &mut NameTable,
 ) -> Result<Option<EndpointSlice>, Rejected> {
     let name = names("EndpointSlice", s.metadata())?;
     let ctx = Ctx {
@@ -228,8 +230,8 @@ pub fn endpoint_slice_noting(
         endpoints.push(SliceEndpoint {
             addr,
             conditions,
-            node_name: node_name.filter(|n| !n.is_empty()).map(Box::from),
-            zone: zone.filter(|z| !z.is_empty()).map(Box::from),
+            node_name: node_name.filter(|n| !n.is_empty()).map(|n| table.get(n)),
+            zone: zone.filter(|z| !z.is_empty()).map(|z| table.get(z)),
             hints: Hints::new(
                 hints
                     .and_then(|h| h.for_zones.as_ref())

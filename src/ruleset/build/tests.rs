@@ -60,7 +60,7 @@ fn slice(
                     serving: *ready,
                     terminating: false,
                 },
-                node_name: node.map(Box::from),
+                node_name: node.map(Arc::from),
                 zone: None,
                 hints: None,
             })

@@ -99,8 +99,13 @@ impl Object<'_> {
     }
 
     /// Converts an EndpointSlice, however it was decoded.
-    fn slice(&self, slice: &impl convert::SliceObject, dropped: &mut Vec<Rejected>) -> Outcome {
-        match convert::endpoint_slice_noting(slice, dropped) {
+    fn slice(
+        &self,
+        slice: &impl convert::SliceObject,
+        dropped: &mut Vec<Rejected>,
+        names: &mut NameTable,
+    ) -> Outcome {
+        match convert::endpoint_slice_noting(slice, dropped, names) {
             Ok(Some(s)) => Outcome::Slice(s),
             Ok(None) => {
                 Outcome::Ignored(convert::ignored_slice_reason(slice).unwrap_or("not used"))
@@ -111,7 +116,12 @@ impl Object<'_> {
 
     /// Decodes the object into the k8s-openapi type (an EndpointSlice given as text into
     /// `file/slice.rs`'s own, where that decodes it) and converts that into the model.
-    fn convert(&self, value: Source<'_>, dropped: &mut Vec<Rejected>) -> Outcome {
+    fn convert(
+        &self,
+        value: Source<'_>,
+        dropped: &mut Vec<Rejected>,
+        names: &mut NameTable,
+    ) -> Outcome {
         match self.kind {
             Kind::Service => {
                 let svc = match decode::<core::Service>(value, || self.label()) {
@@ -130,13 +140,13 @@ impl Object<'_> {
                 if let Source::Text(text) = value
                     && let Some(slice) = slice::decode(text)
                 {
-                    return self.slice(&slice, dropped);
+                    return self.slice(&slice, dropped, names);
                 }
                 let slice = match decode::<discovery::EndpointSlice>(value, || self.label()) {
                     Ok(slice) => slice,
                     Err(r) => return Outcome::Rejected(r),
                 };
-                self.slice(&slice, dropped)
+                self.slice(&slice, dropped, names)
             }
             Kind::Node => {
                 let node = match decode::<core::Node>(value, || self.label()) {
@@ -163,13 +173,13 @@ impl Object<'_> {
 }
 
 /// Checks one object and converts it if it is one nodeproxy reads; the value is dropped.
-pub(super) fn read_item(origin: Origin<'_>, value: Value) -> Entry<'_> {
+pub(super) fn read_item<'a>(origin: Origin<'a>, value: Value, names: &mut NameTable) -> Entry<'a> {
     let kind = match classify(&origin, &value) {
         Ok(kind) => kind,
         Err(report) => return Entry::Report(report),
     };
     let name = object_name(&value, kind.cluster_scoped());
-    read_object(origin, kind, name, Source::Value(&value))
+    read_object(origin, kind, name, Source::Value(&value), names)
 }
 
 /// [`read_item`] for an item's text whose scan found it of `kind`, with `name` from its
@@ -179,10 +189,11 @@ pub(super) fn read_raw<'a>(
     raw: &RawValue,
     kind: Kind,
     name: Option<String>,
+    names: &mut NameTable,
 ) -> Entry<'a> {
     #[cfg(test)]
     super::tests::RAW_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    read_object(origin, kind, name, Source::Text(raw.get()))
+    read_object(origin, kind, name, Source::Text(raw.get()), names)
 }
 
 /// Converts an object of a kind nodeproxy reads.
@@ -191,6 +202,7 @@ fn read_object<'a>(
     kind: Kind,
     name: Option<String>,
     source: Source<'_>,
+    names: &mut NameTable,
 ) -> Entry<'a> {
     let mut object = Object {
         origin,
@@ -200,7 +212,7 @@ fn read_object<'a>(
         dropped: Vec::new(),
     };
     let mut dropped = Vec::new();
-    object.outcome = object.convert(source, &mut dropped);
+    object.outcome = object.convert(source, &mut dropped, names);
     object.dropped = dropped;
     Entry::Object(object)
 }

@@ -180,6 +180,42 @@ fn many_items_read_in_file_order_and_a_document_that_was_not_a_list_is_taken_bac
 }
 
 #[test]
+fn endpoints_share_their_node_and_zone_names_one_text_per_converting_thread() {
+    // More slices than the queue holds, so that both threads convert some.
+    let items: Vec<String> = (0..2000)
+        .map(|i| {
+            format!(
+                r#"{{"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {{"namespace": "ns", "name": "s{i}-x", "labels": {{"kubernetes.io/service-name": "s{i}"}}}}, "addressType": "IPv4", "endpoints": [{{"addresses": ["10.1.0.1"], "nodeName": "node-{}", "zone": "zone-{}"}}, {{"addresses": ["10.1.0.2"], "nodeName": "node-{}"}}], "ports": [{{"port": 8080}}]}}"#,
+                i % 3,
+                i % 2,
+                (i + 1) % 3
+            )
+        })
+        .collect();
+    let loaded = load_text(Path::new("input.json"), &list(&items)).unwrap();
+    assert_eq!(loaded.state.slices.len(), 2000);
+    let mut texts: std::collections::BTreeMap<String, std::collections::BTreeSet<usize>> =
+        Default::default();
+    for slice in loaded.state.slices.values() {
+        for ep in &slice.endpoints {
+            for name in ep.node_name.iter().chain(&ep.zone) {
+                let at = std::sync::Arc::as_ptr(name).cast::<u8>().addr();
+                texts.entry(name.to_string()).or_default().insert(at);
+            }
+        }
+    }
+    let names: Vec<&str> = texts.keys().map(String::as_str).collect();
+    assert_eq!(names, ["node-0", "node-1", "node-2", "zone-0", "zone-1"]);
+    for (name, copies) in &texts {
+        assert!(
+            (1..=2).contains(&copies.len()),
+            "{name}: {} copies",
+            copies.len()
+        );
+    }
+}
+
+#[test]
 fn the_threads_parts_merge_in_the_order_handed_out_with_take_backs_applied() {
     // Jobs 0..=7: this thread did 1 and 4 itself, took back to index 2 at 5 (dropping the
     // entries of jobs 2, 3 and 4), the other thread the rest.
@@ -351,11 +387,11 @@ fn slice_decodes_as_k8s_openapi(text: &str) -> bool {
     assert_eq!(
         format!(
             "{:?}",
-            convert::endpoint_slice_noting(&k8s, &mut dropped_k8s)
+            convert::endpoint_slice_noting(&k8s, &mut dropped_k8s, &mut NameTable::default())
         ),
         format!(
             "{:?}",
-            convert::endpoint_slice_noting(&borrowed, &mut dropped)
+            convert::endpoint_slice_noting(&borrowed, &mut dropped, &mut NameTable::default())
         ),
         "{text}"
     );

@@ -141,6 +141,8 @@ pub(super) struct Applier<K: Kind> {
     /// For the Node watch: the name watched, and whether it was present after the last event.
     pub(super) node_name: Option<String>,
     pub(super) node_present: Option<bool>,
+    /// The node and zone names of the endpoints in the cache (EndpointSlices only).
+    pub(super) names: NameTable,
 }
 
 pub(super) struct Relist<K: Kind> {
@@ -167,6 +169,7 @@ impl<K: Kind> Applier<K> {
             warned: HashMap::new(),
             node_name,
             node_present: None,
+            names: NameTable::default(),
         }
     }
 
@@ -224,7 +227,7 @@ impl<K: Kind> Applier<K> {
             return Converted::Unkeyed;
         };
         let mut dropped = Vec::new();
-        match K::convert(obj, &mut dropped) {
+        match K::convert(obj, &mut dropped, &mut self.names) {
             Ok(Some(model)) => {
                 let version = obj.resource_version().unwrap_or_default();
                 if dropped.is_empty() {

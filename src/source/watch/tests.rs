@@ -320,3 +320,30 @@ fn a_snapshot_is_shared_until_a_change_and_keeps_its_view_after_it() {
     assert_eq!(services(&shared), ["c"]);
     assert_eq!(service_names(&held), ["b"]);
 }
+
+#[test]
+fn slices_share_the_node_names_of_their_endpoints() {
+    let on_node = |name: &str, service: &str, node: &str| -> discovery::EndpointSlice {
+        decode(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": "ns", "name": name, "resourceVersion": "1",
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.1.0.1"], "nodeName": node}]
+        }))
+    };
+    let shared = Arc::new(Shared::new(SystemTime::now()));
+    let mut a = Applier::<discovery::EndpointSlice>::new(shared.clone(), None);
+    a.apply(Event::Apply(on_node("web-1", "web", "node-a")));
+    a.apply(Event::Apply(on_node("db-1", "db", "node-a")));
+    a.apply(Event::Apply(on_node("api-1", "api", "node-b")));
+    let state = shared.snapshot();
+    let node_of = |slice: &str| {
+        let name = ServiceName::new("ns", slice);
+        state.slices[&name].endpoints[0].node_name.clone().unwrap()
+    };
+    assert_eq!(&*node_of("web-1"), "node-a");
+    assert!(Arc::ptr_eq(&node_of("web-1"), &node_of("db-1")));
+    assert_eq!(&*node_of("api-1"), "node-b");
+}
