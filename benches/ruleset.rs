@@ -18,8 +18,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use criterion::{Criterion, criterion_group, criterion_main};
 use nodeproxy::config::Config;
 use nodeproxy::model::{
-    ClusterState, Conditions, EndpointSlice, IpFamily, Node, Protocol, Service, ServiceName,
-    ServicePort, SliceEndpoint, SlicePort,
+    ClusterState, Conditions, EndpointSlice, IpFamily, Locality, Node, Protocol, Service,
+    ServiceName, ServicePort, SliceEndpoint, SlicePort,
 };
 use nodeproxy::nft::{self, ApplyStats, Kernel, NftError, Plan, WireTable};
 use nodeproxy::ruleset::{self, Settings};
@@ -86,12 +86,14 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                         serving: true,
                         terminating: false,
                     },
-                    node_name: Some(if slot.is_multiple_of(1000) {
-                        "node-a".into()
-                    } else {
-                        format!("node-{}", slot % 1000).into()
-                    }),
-                    zone: None,
+                    locality: Locality::of(
+                        Some(if slot.is_multiple_of(1000) {
+                            "node-a".into()
+                        } else {
+                            format!("node-{}", slot % 1000).into()
+                        }),
+                        None,
+                    ),
                     hints: None,
                 }
             })

@@ -558,8 +558,7 @@ fn add_bulk(
                     serving: true,
                     terminating: false,
                 },
-                node_name: Some("node-b".into()),
-                zone: None,
+                locality: Locality::of(Some("node-b".into()), None),
                 hints: None,
             }],
         };

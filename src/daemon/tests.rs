@@ -14,7 +14,7 @@ use super::*;
 use crate::config::NodePortAddresses;
 use crate::health::HealthCheckService;
 use crate::model::{
-    Conditions, EndpointSlice, Node, Protocol, Service, ServicePort, ServicePortName,
+    Conditions, EndpointSlice, Locality, Node, Protocol, Service, ServicePort, ServicePortName,
     SliceEndpoint, SlicePort, TrafficPolicy, endpoints_for,
 };
 use crate::nft::{ApplyStats, FakeKernel, Plan, WireTable};
@@ -353,8 +353,7 @@ fn ep(addr: &str, node: &str, ready: bool) -> SliceEndpoint {
             serving: ready,
             terminating: !ready,
         },
-        node_name: Some(node.into()),
-        zone: None,
+        locality: Locality::of(Some(node.into()), None),
         hints: None,
     }
 }
@@ -544,7 +543,8 @@ fn no_local_endpoints_counts_local_policies_without_local_endpoints() {
     assert_eq!(caches.no_local(IpFamily::V6), (0, 0));
     // "both" gets a local endpoint: the sums follow.
     let mut after = st.clone();
-    after.slices.get_mut(&name("both-1")).unwrap().endpoints[0].node_name = Some("node-a".into());
+    after.slices.get_mut(&name("both-1")).unwrap().endpoints[0].locality =
+        Locality::of(Some("node-a".into()), None);
     let changed = BTreeSet::from([name("both")]);
     caches.update(&after.subset(&changed), &changed, "node-a");
     assert_eq!(caches.no_local(IpFamily::V4), (0, 0));
@@ -648,10 +648,11 @@ fn random_slice(rng: &mut Rng, n: usize) -> EndpointSlice {
                     serving: ready || rng.chance(50),
                     terminating: !ready && rng.chance(70),
                 },
-                node_name: rng
-                    .pick(&[Some("node-a"), Some("node-b"), None])
-                    .map(Arc::from),
-                zone: None,
+                locality: Locality::of(
+                    rng.pick(&[Some("node-a"), Some("node-b"), None])
+                        .map(Arc::from),
+                    None,
+                ),
                 hints: None,
             }
         })

@@ -300,58 +300,103 @@ pub struct SlicePort {
     pub port: u16,
 }
 
-/// One endpoint of a slice. The node and zone shared (see [`NameTable`]) rather than a
-/// `String` each, and the hints (set only with topology-aware routing) behind one pointer: 64
-/// bytes instead of 120 per endpoint, and a cluster has far more endpoints than anything else.
+/// One endpoint of a slice: 40 bytes instead of 120 when its strings were `String`s, and a
+/// cluster has far more endpoints than anything else. Its node and zone are one shared
+/// [`Locality`] behind a thin pointer, and the hints (set only with topology-aware routing)
+/// are behind one pointer too.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceEndpoint {
     pub addr: IpAddr,
     pub conditions: Conditions,
-    pub node_name: Option<Arc<str>>,
-    pub zone: Option<Arc<str>>,
+    /// `nodeName` and `zone`; `None` when the endpoint names neither.
+    pub locality: Option<Arc<Locality>>,
     /// `None` when there are no hints; see [`Hints::new`].
     pub hints: Option<Box<Hints>>,
 }
 
-/// Node and zone names as the endpoints hold them: each text once per table, however many
-/// endpoints name it. A cluster has a hundred or more endpoints per node (kubelet's default
-/// limit is 110 pods), and a node's name is often 30-50 bytes (`ip-10-0-12-34.us-west-2.
-/// compute.internal`), which a string per endpoint held 100k times at 10k Services × 10
-/// endpoints. A converting thread keeps one table; a name no endpoint holds any more is
-/// dropped when the table has doubled since it was last pruned, so a stream of made-up names
-/// costs at most twice what the model holds.
+/// Where an endpoint runs: its `nodeName` and `zone`. A node is in one zone, so the endpoints
+/// of a node share one of these (see [`NameTable`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Locality {
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
+}
+
+impl Locality {
+    /// The locality of an endpoint naming `node_name` and `zone`, shared with nothing (the
+    /// conversion shares them through [`NameTable::locality`]); `None` when it names neither.
+    pub fn of(node_name: Option<Arc<str>>, zone: Option<Arc<str>>) -> Option<Arc<Locality>> {
+        (node_name.is_some() || zone.is_some()).then(|| Arc::new(Locality { node_name, zone }))
+    }
+}
+
+/// Node and zone names, and their pairs, as the endpoints hold them: each once per table,
+/// however many endpoints name them. A cluster has a hundred or more endpoints per node
+/// (kubelet's default limit is 110 pods), and a node's name is often 30-50 bytes
+/// (`ip-10-0-12-34.us-west-2.compute.internal`), which a string per endpoint held 100k times
+/// at 10k Services × 10 endpoints. A converting thread keeps one table. What no endpoint
+/// holds any more is dropped when the table has doubled since it was last pruned, so a stream
+/// of made-up names costs at most twice what the model holds.
 #[derive(Debug, Default)]
 pub struct NameTable {
     names: std::collections::HashSet<Arc<str>>,
-    /// How many names the table held after it was last pruned.
+    /// The pairs, by the addresses of their texts in `names` (0 for none): a pair holds its
+    /// texts, so no other text can take their addresses while it is here.
+    localities: HashMap<(usize, usize), Arc<Locality>>,
+    /// How many names and pairs the table held after it was last pruned.
     pruned_to: usize,
 }
 
 impl NameTable {
-    /// Pruning starts at this many names: below it, the table is small whatever it holds.
+    /// Pruning starts at this many names and pairs: below it, the table is small whatever it
+    /// holds.
     const PRUNE_FROM: usize = 1024;
 
+    /// The locality naming `node_name` and `zone`, shared with every earlier request for the
+    /// same pair; `None` when it names neither.
+    pub fn locality(
+        &mut self,
+        node_name: Option<&str>,
+        zone: Option<&str>,
+    ) -> Option<Arc<Locality>> {
+        if node_name.is_none() && zone.is_none() {
+            return None;
+        }
+        if self.len() >= (2 * self.pruned_to).max(Self::PRUNE_FROM) {
+            // Held only by the table: no endpoint names them any more. Pairs first, since
+            // they hold names.
+            self.localities.retain(|_, l| Arc::strong_count(l) > 1);
+            self.names.retain(|n| Arc::strong_count(n) > 1);
+            self.pruned_to = self.len();
+        }
+        let node_name = node_name.map(|n| self.name(n));
+        let zone = zone.map(|z| self.name(z));
+        let address = |n: &Option<Arc<str>>| n.as_ref().map_or(0, |n| Arc::as_ptr(n).addr());
+        let key = (address(&node_name), address(&zone));
+        let locality = self
+            .localities
+            .entry(key)
+            .or_insert_with(|| Arc::new(Locality { node_name, zone }));
+        Some(Arc::clone(locality))
+    }
+
     /// `name`, shared with every earlier request for the same text.
-    pub fn get(&mut self, name: &str) -> Arc<str> {
+    fn name(&mut self, name: &str) -> Arc<str> {
         if let Some(held) = self.names.get(name) {
             return Arc::clone(held);
-        }
-        if self.names.len() >= (2 * self.pruned_to).max(Self::PRUNE_FROM) {
-            // Held only by the table: no endpoint names it any more.
-            self.names.retain(|n| Arc::strong_count(n) > 1);
-            self.pruned_to = self.names.len();
         }
         let name: Arc<str> = Arc::from(name);
         self.names.insert(Arc::clone(&name));
         name
     }
 
+    /// How many names and pairs the table holds.
     pub fn len(&self) -> usize {
-        self.names.len()
+        self.names.len() + self.localities.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
+        self.len() == 0
     }
 }
 
@@ -377,6 +422,16 @@ impl Hints {
 }
 
 impl SliceEndpoint {
+    /// `nodeName`.
+    pub fn node_name(&self) -> Option<&str> {
+        self.locality.as_ref()?.node_name.as_deref()
+    }
+
+    /// `zone`.
+    pub fn zone(&self) -> Option<&str> {
+        self.locality.as_ref()?.zone.as_deref()
+    }
+
     /// `hints.forZones[].name`.
     pub fn zone_hints(&self) -> &[String] {
         self.hints.as_ref().map_or(&[], |h| &h.zones)
@@ -555,8 +610,8 @@ pub fn endpoints_for<'a>(slices: &[&'a EndpointSlice], port: &ServicePort) -> Ve
             addr: ep.addr,
             port: sp.port,
             conditions: ep.conditions,
-            node_name: ep.node_name.as_deref(),
-            zone: ep.zone.as_deref(),
+            node_name: ep.node_name(),
+            zone: ep.zone(),
             zone_hints: ep.zone_hints(),
             node_hints: ep.node_hints(),
         }));

@@ -20,8 +20,7 @@ fn endpoints_prefer_non_terminating_duplicate() {
                 serving: true,
                 terminating,
             },
-            node_name: None,
-            zone: None,
+            locality: None,
             hints: None,
         }],
     };
@@ -125,29 +124,55 @@ fn a_service_name_is_its_namespace_and_name_compared_as_that_pair() {
 }
 
 #[test]
-fn a_name_table_gives_one_text_per_name_and_forgets_names_nobody_holds() {
+fn an_endpoint_is_forty_bytes() {
+    // docs/performance.md ("Node and zone names shared"): the model holds 100k of these at 10k
+    // Services × 10 endpoints.
+    assert_eq!(std::mem::size_of::<SliceEndpoint>(), 40);
+}
+
+#[test]
+fn a_name_table_gives_one_locality_per_pair_and_forgets_what_nobody_holds() {
     let mut names = NameTable::default();
-    let a = names.get("node-a");
-    let again = names.get("node-a");
+    assert_eq!(names.locality(None, None), None);
+    let a = names.locality(Some("node-a"), Some("zone-1")).unwrap();
+    let again = names.locality(Some("node-a"), Some("zone-1")).unwrap();
     assert!(Arc::ptr_eq(&a, &again));
-    assert_eq!(&*a, "node-a");
-    assert!(!Arc::ptr_eq(&a, &names.get("node-b")));
+    assert_eq!(
+        (a.node_name.as_deref(), a.zone.as_deref()),
+        (Some("node-a"), Some("zone-1"))
+    );
+    // Another pair with the same node shares the node's text.
+    let other = names.locality(Some("node-a"), None).unwrap();
+    assert!(!Arc::ptr_eq(&a, &other));
+    assert_eq!(other.zone, None);
+    assert!(Arc::ptr_eq(
+        a.node_name.as_ref().unwrap(),
+        other.node_name.as_ref().unwrap()
+    ));
+    let zone_only = names.locality(None, Some("zone-1")).unwrap();
+    assert!(Arc::ptr_eq(
+        a.zone.as_ref().unwrap(),
+        zone_only.zone.as_ref().unwrap()
+    ));
+    drop((other, zone_only));
 
-    // Names that nothing holds any more are dropped once the table reaches its pruning size;
-    // the ones still held stay, and give the same text afterwards.
+    // What nothing holds any more is dropped once the table reaches its pruning size; what is
+    // still held stays, and is given again afterwards.
     for i in 0..NameTable::PRUNE_FROM {
-        names.get(&format!("gone-{i}"));
+        names.locality(Some(&format!("gone-{i}")), None);
     }
-    assert!(names.len() <= NameTable::PRUNE_FROM);
-    let kept = names.get("node-a");
+    assert!(names.len() <= NameTable::PRUNE_FROM + 3);
+    let kept = names.locality(Some("node-a"), Some("zone-1")).unwrap();
     assert!(Arc::ptr_eq(&a, &kept));
-    assert_eq!(&*names.get("node-c"), "node-c");
 
-    // A stream of names that are never kept costs at most twice what is held (here: nothing
-    // but node-a, node-c and the newest name).
+    // A stream of names that are never kept costs at most twice what is held (checked before
+    // a request, which adds at most a node, a zone and their pair).
     for i in 0..10 * NameTable::PRUNE_FROM {
-        names.get(&format!("churn-{i}"));
-        assert!(names.len() <= NameTable::PRUNE_FROM);
+        names.locality(Some(&format!("churn-{i}")), Some("zone-1"));
+        assert!(names.len() <= NameTable::PRUNE_FROM + 3, "{}", names.len());
     }
-    assert!(Arc::ptr_eq(&a, &names.get("node-a")));
+    assert!(Arc::ptr_eq(
+        &a,
+        &names.locality(Some("node-a"), Some("zone-1")).unwrap()
+    ));
 }

@@ -4,7 +4,8 @@ use std::collections::BTreeSet;
 use super::*;
 use crate::config::Config;
 use crate::model::{
-    Conditions, Hints, Node, Protocol, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+    Conditions, Hints, Locality, Node, Protocol, ServicePort, SliceEndpoint, SlicePort,
+    TrafficPolicy,
 };
 use crate::nft::{ApplyStats, FakeKernel, Op, Plan, RejectedOp};
 use crate::sync::incremental;
@@ -42,8 +43,7 @@ pub(crate) fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint:
                 serving: true,
                 terminating: false,
             },
-            node_name: Some("node-b".into()),
-            zone: None,
+            locality: Locality::of(Some("node-b".into()), None),
             hints: None,
         }],
     };
@@ -634,12 +634,14 @@ fn random_endpoint(rng: &mut Rng, i: usize, family: IpFamily) -> SliceEndpoint {
             serving: ready || rng.chance(1, 2),
             terminating: rng.chance(1, 4),
         },
-        node_name: match rng.below(5) {
-            0 | 1 => Some("node-a".into()),
-            2 | 3 => Some("node-b".into()),
-            _ => None,
-        },
-        zone: Some((*rng.pick(&["zone-a", "zone-b"])).into()),
+        locality: Locality::of(
+            match rng.below(5) {
+                0 | 1 => Some("node-a".into()),
+                2 | 3 => Some("node-b".into()),
+                _ => None,
+            },
+            Some((*rng.pick(&["zone-a", "zone-b"])).into()),
+        ),
         hints: Hints::new(
             if hinted {
                 vec![rng.pick(&["zone-a", "zone-b"]).to_string()]
@@ -730,10 +732,14 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                                 0 => ep.conditions.ready = !ep.conditions.ready,
                                 1 => ep.conditions.terminating = !ep.conditions.terminating,
                                 2 => {
-                                    ep.node_name = match ep.node_name.as_deref() {
-                                        Some("node-a") => Some("node-b".into()),
-                                        _ => Some("node-a".into()),
-                                    }
+                                    let node = match ep.node_name() {
+                                        Some("node-a") => "node-b",
+                                        _ => "node-a",
+                                    };
+                                    ep.locality = Locality::of(
+                                        Some(node.into()),
+                                        ep.zone().map(std::sync::Arc::from),
+                                    );
                                 }
                                 _ => {
                                     let zones = if ep.zone_hints().is_empty() {

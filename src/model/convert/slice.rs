@@ -230,8 +230,10 @@ pub fn endpoint_slice_noting(
         endpoints.push(SliceEndpoint {
             addr,
             conditions,
-            node_name: node_name.filter(|n| !n.is_empty()).map(|n| table.get(n)),
-            zone: zone.filter(|z| !z.is_empty()).map(|z| table.get(z)),
+            locality: table.locality(
+                node_name.filter(|n| !n.is_empty()),
+                zone.filter(|z| !z.is_empty()),
+            ),
             hints: Hints::new(
                 hints
                     .and_then(|h| h.for_zones.as_ref())

@@ -1,6 +1,7 @@
 //! Unit tests for the conversion of API objects to the model: one test per validation rule and
 //! default.
 use super::*;
+use crate::model::Locality;
 use serde_json::{Value, json};
 
 fn svc(v: Value) -> core::Service {
@@ -492,8 +493,7 @@ fn a_valid_slice_converts() {
                 serving: true,
                 terminating: false
             },
-            node_name: Some("node-a".into()),
-            zone: Some("zone-a".into()),
+            locality: Locality::of(Some("node-a".into()), Some("zone-a".into())),
             hints: None,
         }]
     );
@@ -656,7 +656,7 @@ fn zone_and_node_hints_are_kept() {
     }]}));
     assert_eq!(s.endpoints[0].zone_hints(), ["zone-a", "zone-b"]);
     assert_eq!(s.endpoints[0].node_hints(), ["node-a"]);
-    assert_eq!(s.endpoints[0].node_name, None);
+    assert_eq!(s.endpoints[0].node_name(), None);
 }
 
 #[test]

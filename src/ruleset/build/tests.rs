@@ -1,8 +1,8 @@
 //! Unit tests of the ruleset builder.
 use super::*;
 use crate::model::{
-    Conditions, EndpointSlice, Node, Protocol, Service, ServiceName, ServicePort, SliceEndpoint,
-    SlicePort,
+    Conditions, EndpointSlice, Locality, Node, Protocol, Service, ServiceName, ServicePort,
+    SliceEndpoint, SlicePort,
 };
 use crate::ruleset::render::render;
 
@@ -60,8 +60,7 @@ fn slice(
                     serving: *ready,
                     terminating: false,
                 },
-                node_name: node.map(Arc::from),
-                zone: None,
+                locality: Locality::of(node.map(Arc::from), None),
                 hints: None,
             })
             .collect(),

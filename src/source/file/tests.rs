@@ -180,7 +180,7 @@ fn many_items_read_in_file_order_and_a_document_that_was_not_a_list_is_taken_bac
 }
 
 #[test]
-fn endpoints_share_their_node_and_zone_names_one_text_per_converting_thread() {
+fn endpoints_share_their_localities_and_names_one_per_converting_thread() {
     // More slices than the queue holds, so that both threads convert some.
     let items: Vec<String> = (0..2000)
         .map(|i| {
@@ -198,14 +198,36 @@ fn endpoints_share_their_node_and_zone_names_one_text_per_converting_thread() {
         Default::default();
     for slice in loaded.state.slices.values() {
         for ep in &slice.endpoints {
-            for name in ep.node_name.iter().chain(&ep.zone) {
+            let locality = ep.locality.as_ref().unwrap();
+            let pair = format!("{:?}/{:?}", ep.node_name(), ep.zone());
+            let at = std::sync::Arc::as_ptr(locality).addr();
+            texts.entry(pair).or_default().insert(at);
+            for name in locality.node_name.iter().chain(&locality.zone) {
                 let at = std::sync::Arc::as_ptr(name).cast::<u8>().addr();
                 texts.entry(name.to_string()).or_default().insert(at);
             }
         }
     }
     let names: Vec<&str> = texts.keys().map(String::as_str).collect();
-    assert_eq!(names, ["node-0", "node-1", "node-2", "zone-0", "zone-1"]);
+    assert_eq!(
+        names,
+        [
+            "Some(\"node-0\")/None",
+            "Some(\"node-0\")/Some(\"zone-0\")",
+            "Some(\"node-0\")/Some(\"zone-1\")",
+            "Some(\"node-1\")/None",
+            "Some(\"node-1\")/Some(\"zone-0\")",
+            "Some(\"node-1\")/Some(\"zone-1\")",
+            "Some(\"node-2\")/None",
+            "Some(\"node-2\")/Some(\"zone-0\")",
+            "Some(\"node-2\")/Some(\"zone-1\")",
+            "node-0",
+            "node-1",
+            "node-2",
+            "zone-0",
+            "zone-1"
+        ]
+    );
     for (name, copies) in &texts {
         assert!(
             (1..=2).contains(&copies.len()),

@@ -322,7 +322,7 @@ fn a_snapshot_is_shared_until_a_change_and_keeps_its_view_after_it() {
 }
 
 #[test]
-fn slices_share_the_node_names_of_their_endpoints() {
+fn slices_share_the_localities_of_their_endpoints() {
     let on_node = |name: &str, service: &str, node: &str| -> discovery::EndpointSlice {
         decode(json!({
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -341,9 +341,9 @@ fn slices_share_the_node_names_of_their_endpoints() {
     let state = shared.snapshot();
     let node_of = |slice: &str| {
         let name = ServiceName::new("ns", slice);
-        state.slices[&name].endpoints[0].node_name.clone().unwrap()
+        state.slices[&name].endpoints[0].locality.clone().unwrap()
     };
-    assert_eq!(&*node_of("web-1"), "node-a");
+    assert_eq!(node_of("web-1").node_name.as_deref(), Some("node-a"));
     assert!(Arc::ptr_eq(&node_of("web-1"), &node_of("db-1")));
-    assert_eq!(&*node_of("api-1"), "node-b");
+    assert_eq!(node_of("api-1").node_name.as_deref(), Some("node-b"));
 }

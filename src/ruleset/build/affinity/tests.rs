@@ -5,8 +5,8 @@ use std::net::{IpAddr, SocketAddr};
 use super::*;
 use crate::config::NodePortAddresses;
 use crate::model::{
-    Conditions, EndpointSlice, IpFamily, Node, Protocol, Service, ServiceName, ServicePort,
-    SliceEndpoint, SlicePort, TrafficPolicy,
+    Conditions, EndpointSlice, IpFamily, Locality, Node, Protocol, Service, ServiceName,
+    ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 use crate::nft::lower;
 use crate::ruleset::build::{DetectLocal, Settings, build};
@@ -87,8 +87,7 @@ fn state(endpoints: &[&str]) -> ClusterState {
                     serving: true,
                     terminating: false,
                 },
-                node_name: Some("node-b".into()),
-                zone: None,
+                locality: Locality::of(Some("node-b".into()), None),
                 hints: None,
             }],
         };
@@ -426,7 +425,7 @@ fn local_state(endpoints: &[&str], remote: &str) -> ClusterState {
     for slice in st.slices.values_mut() {
         for ep in &mut slice.endpoints {
             if endpoints.iter().any(|local| sock(local).ip() == ep.addr) {
-                ep.node_name = Some("node-a".into());
+                ep.locality = Locality::of(Some("node-a".into()), ep.zone().map(Arc::from));
             }
         }
     }
