@@ -5,6 +5,7 @@
 //! only module that speaks nf_tables) → `sync` (the single writer) → `daemon`. `netlink` is the
 //! transport `nft` and `conntrack` (ctnetlink) share. `docs/architecture.md` maps the rest.
 
+pub mod address_hash;
 pub mod cli;
 pub mod config;
 pub mod conntrack;

@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 /// anything.
 const LAYERS: &[&[&str]] = &[
     // How an error and its causes are shown, which every layer needs; the token bucket's
-    // arithmetic, which rate limits in two layers share.
-    &["report", "token_bucket"],
+    // arithmetic, which rate limits in two layers share; the hasher of caches keyed by
+    // addresses, which three layers use.
+    &["address_hash", "report", "token_bucket"],
     // Leaves: the validated cluster state, and services that know nothing of it (the netlink
     // transport shared by nf_tables and ctnetlink among them, and the node's conntrack sysctls).
     &["model", "netlink", "http", "lock", "notify", "node_setup"],

@@ -7,8 +7,11 @@ pub mod convert;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::net::IpAddr;
 use std::sync::Arc;
+
+use crate::address_hash::AddressHasher;
 
 /// An IP family. Each family gets its own nftables table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -342,7 +345,7 @@ pub struct NameTable {
     names: std::collections::HashSet<Arc<str>>,
     /// The pairs, by the addresses of their texts in `names` (0 for none): a pair holds its
     /// texts, so no other text can take their addresses while it is here.
-    localities: HashMap<(usize, usize), Arc<Locality>>,
+    localities: HashMap<(usize, usize), Arc<Locality>, BuildHasherDefault<AddressHasher>>,
     /// How many names and pairs the table held after it was last pruned.
     pruned_to: usize,
 }

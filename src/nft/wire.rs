@@ -302,7 +302,6 @@ impl WireData {
     }
 }
 
-mod address_hash;
 mod atoms;
 mod bytes;
 mod data;
@@ -310,7 +309,6 @@ pub(crate) mod expr;
 mod lower;
 mod size;
 
-pub(crate) use address_hash::AddressHasher;
 use atoms::*;
 pub(crate) use atoms::{addr_offset, concat_type};
 pub use atoms::{decode_atoms, format_concat, hex};

@@ -369,7 +369,8 @@ trait Kind:
     fn key(obj: &Self) -> Option<Self::Key>;
     /// `Ok(None)`: a valid object the proxy does not use. Parts left out of a used object
     /// (an endpoint at a special address, …) are reported in `dropped`.
-    /// `names` holds the node and zone names of the endpoints converted so far.
+    /// `names` shares the node and zone names (and their pairs) of the endpoints converted so
+    /// far.
     fn convert(
         obj: &Self,
         dropped: &mut Vec<Rejected>,

@@ -16,6 +16,8 @@ use super::expr::{
 use super::*;
 use std::hash::BuildHasherDefault;
 
+use crate::address_hash::AddressHasher;
+
 /// Loads the key fields into consecutive registers from NFT_REG_1; returns the words used.
 pub(super) fn load_key(family: IpFamily, key: &[KeyField], out: &mut Vec<WireExpr>) -> u32 {
     load_key_for(family, key, false, out)

@@ -15,8 +15,8 @@ use std::hash::BuildHasherDefault;
 use std::ops::Bound;
 use std::sync::Arc;
 
+use crate::address_hash::AddressHasher;
 use crate::model::{IpFamily, ServicePortName};
-use crate::nft::wire::AddressHasher;
 use crate::nft::{WireElem, WireTable};
 
 /// A run of neighbouring keys of one origin in one set.
