@@ -252,7 +252,7 @@ struct Reader<'p> {
     seq: u64,
     /// What this thread did itself, with sequence numbers.
     own: Vec<(u64, Done<Entry<'p>>)>,
-    /// The node and zone names of the endpoints this thread converts (the converting thread
+    /// The shared nodes and zones of the endpoints this thread converts (the converting thread
     /// has its own).
     names: NameTable,
     jobs: std::sync::mpsc::SyncSender<(u64, Job<'p>)>,

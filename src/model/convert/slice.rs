@@ -92,8 +92,8 @@ pub(super) fn dropped_report(mut report: Rejected) -> Rejected {
 }
 
 /// [`endpoint_slice`], pushing onto `dropped` a report for each endpoint left out while the
-/// rest of the slice is used (one at a special address), and taking node and zone names from
-/// `table`.
+/// rest of the slice is used (one at a special address), and sharing the endpoints' node and
+/// zone through `table`.
 pub fn endpoint_slice_noting(
     s: &impl SliceObject,
     dropped: &mut Vec<Rejected>,

@@ -141,7 +141,7 @@ pub(super) struct Applier<K: Kind> {
     /// For the Node watch: the name watched, and whether it was present after the last event.
     pub(super) node_name: Option<String>,
     pub(super) node_present: Option<bool>,
-    /// The node and zone names of the endpoints in the cache (EndpointSlices only).
+    /// The endpoints' shared nodes and zones (EndpointSlices only).
     pub(super) names: NameTable,
 }
 
