@@ -394,12 +394,8 @@ impl NameTable {
     }
 
     /// How many names and pairs the table holds.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.names.len() + self.localities.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
