@@ -181,10 +181,10 @@ fn poison_transaction_is_rejected_naming_the_service() {
             vec![10, 96, 0, 99, 6, 0, 0, 0, 0, 80, 0, 0].into(),
             WireElem {
                 key_end: None,
-                data: Some(WireData::Verdict {
-                    code: -4,
-                    chain: Some("no-such-chain".into()),
-                }),
+                data: Some(WireData::verdict(
+                    -4,
+                    Some(std::sync::Arc::new("no-such-chain".into())),
+                )),
                 userdata: None,
                 origin: Some(std::sync::Arc::new(sample::spn("poison", "web", "http"))),
             },

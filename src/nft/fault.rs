@@ -51,14 +51,14 @@ impl<K: Kernel> Faulty<K> {
     fn poisoned(&self, elem: &WireElem) -> Option<WireElem> {
         let port = self.port.as_deref()?;
         let origin = elem.origin.as_ref()?;
-        if origin.port != port || !matches!(elem.data, Some(WireData::Verdict { .. })) {
+        if origin.port != port || !elem.data.as_ref().is_some_and(WireData::is_verdict) {
             return None;
         }
         Some(WireElem {
-            data: Some(WireData::Verdict {
-                code: super::uapi::NFT_GOTO,
-                chain: Some(Arc::from(MISSING_CHAIN)),
-            }),
+            data: Some(WireData::verdict(
+                super::uapi::NFT_GOTO,
+                Some(Arc::new(MISSING_CHAIN.to_owned())),
+            )),
             ..elem.clone()
         })
     }

@@ -26,8 +26,8 @@ pub use diff::{Op, Plan, diff};
 pub use fake::FakeKernel;
 pub use netlink::NetlinkKernel;
 pub use wire::{
-    ElemBytes, WireChain, WireData, WireElem, WireExpr, WireHook, WireRule, WireSet, WireTable,
-    kind_names, lower, lower_owned, size_sets,
+    ChainName, DataRef, ElemBytes, WireChain, WireData, WireElem, WireExpr, WireHook, WireRule,
+    WireSet, WireTable, kind_names, lower, lower_owned, size_sets,
 };
 
 use crate::model::{IpFamily, ServicePortName};

@@ -326,7 +326,7 @@ impl NetlinkKernel {
             }
         }
 
-        let mut chain_names: BTreeMap<String, Arc<str>> = BTreeMap::new();
+        let mut chain_names: BTreeMap<String, wire::ChainName> = BTreeMap::new();
         let sets = self
             .dump(fam, GETSET, &[(SET_TABLE, name)])?
             .unwrap_or_default();

@@ -245,10 +245,10 @@ impl WireSet {
 
     /// Formats an element's data the way nft prints it: `198.51.100.10 . 8080`, `goto pick-2`.
     pub fn format_data(&self, data: &WireData) -> String {
-        match data {
-            WireData::Value(v) => format_concat(self.data_type.unwrap_or(0), v),
-            WireData::Verdict { code, chain } => {
-                let word = match *code {
+        match data.get() {
+            DataRef::Value(v) => format_concat(self.data_type.unwrap_or(0), v),
+            DataRef::Verdict { code, chain } => {
+                let word = match code {
                     NF_ACCEPT => "accept",
                     NF_DROP => "drop",
                     NFT_JUMP => "jump",
@@ -269,8 +269,7 @@ impl WireSet {
 #[derive(Debug, Clone)]
 pub struct WireElem {
     /// The last key of a range element (`NFTA_SET_ELEM_KEY_END`), in interval sets. Boxed: few
-    /// elements have one, and a thin pointer keeps the element at 56 bytes (a B-tree node of
-    /// eleven keys and elements then fits jemalloc's 896-byte class).
+    /// elements have one, and a thin pointer keeps the element at 40 bytes (see [`WireData`]).
     pub key_end: Option<Box<ElemBytes>>,
     pub data: Option<WireData>,
     /// Shared: the elements of one Service port carry the same comment. A thin pointer (an
@@ -287,21 +286,6 @@ impl PartialEq for WireElem {
 }
 impl Eq for WireElem {}
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WireData {
-    Value(ElemBytes),
-    Verdict { code: i32, chain: Option<Arc<str>> },
-}
-
-impl WireData {
-    pub fn chain(&self) -> Option<&str> {
-        match self {
-            WireData::Verdict { chain: Some(c), .. } => Some(c),
-            _ => None,
-        }
-    }
-}
-
 mod atoms;
 mod bytes;
 mod data;
@@ -312,9 +296,10 @@ mod size;
 use atoms::*;
 pub(crate) use atoms::{addr_offset, concat_type};
 pub use atoms::{decode_atoms, format_concat, hex};
-pub use bytes::ElemBytes;
+pub use bytes::{ChainName, DataRef, ElemBytes, WireData};
 use data::*;
-pub use data::{encode_data, parse_data};
+pub(crate) use data::{Parsed, parse_nest};
+pub use data::{encode_data, parse_data, parse_value};
 pub use expr::kind_names;
 #[cfg(test)]
 pub(in crate::nft) use lower::SPLIT_MIN_ELEMENTS;

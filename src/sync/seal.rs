@@ -25,7 +25,7 @@ use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
 
 use crate::model::IpFamily;
 use crate::nft::wire::ElemBytes;
-use crate::nft::{WireData, WireElem, WireTable};
+use crate::nft::{DataRef, WireData, WireElem, WireTable};
 
 /// The first word of every seal: a seal of another format is not ours to trust.
 const MAGIC: &str = "seal-v1";
@@ -184,16 +184,16 @@ pub fn digest(table: &WireTable, salt: u64) -> u64 {
             buf.clear();
             put(&mut buf, Some(key.as_slice()));
             put(&mut buf, e.key_end.as_deref().map(ElemBytes::as_slice));
-            match &e.data {
+            match e.data.as_ref().map(WireData::get) {
                 None => buf.push(0),
-                Some(WireData::Value(v)) => {
+                Some(DataRef::Value(v)) => {
                     buf.push(1);
-                    put(&mut buf, Some(v.as_slice()));
+                    put(&mut buf, Some(v));
                 }
-                Some(WireData::Verdict { code, chain }) => {
+                Some(DataRef::Verdict { code, chain }) => {
                     buf.push(2);
                     buf.extend_from_slice(&code.to_be_bytes());
-                    put(&mut buf, chain.as_deref().map(str::as_bytes));
+                    put(&mut buf, chain.map(str::as_bytes));
                 }
             }
             put(&mut buf, e.userdata.as_deref().map(Vec::as_slice));

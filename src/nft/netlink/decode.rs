@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::nft::ElemBytes;
+use crate::nft::wire::{ChainName, Parsed};
 
 /// Runs every decoder of kernel replies over arbitrary bytes, as `read_table`, `dump` and the
 /// error path would meet them: netlink framing, error codes and extended acks, attributes, set
@@ -97,7 +98,7 @@ pub(super) fn parse_desc(desc: &[u8]) -> (Option<u32>, Vec<u32>) {
 /// table at 10k services holds hundreds of thousands of elements sharing a few thousand.
 pub(super) fn parse_elem(
     e: &[u8],
-    chains: &mut BTreeMap<String, Arc<str>>,
+    chains: &mut BTreeMap<String, ChainName>,
     comments: &mut HashMap<Box<[u8]>, Arc<Vec<u8>>>,
 ) -> Option<(ElemBytes, WireElem)> {
     let mut key = None;
@@ -110,28 +111,29 @@ pub(super) fn parse_elem(
     for (ty, p, _) in Attrs::new(e) {
         match ty & NLA_TYPE_MASK {
             ELEM_KEY => {
-                if let Some(WireData::Value(v)) = wire::parse_data(p) {
+                if let Some(v) = wire::parse_value(p) {
                     key = Some(v);
                 }
             }
             ELEM_KEY_END => {
-                if let Some(WireData::Value(v)) = wire::parse_data(p) {
+                if let Some(v) = wire::parse_value(p) {
                     elem.key_end = Some(Box::new(v));
                 }
             }
             ELEM_DATA => {
-                elem.data = wire::parse_data(p).map(|d| match d {
-                    WireData::Verdict {
-                        code,
-                        chain: Some(c),
-                    } => {
-                        let c = chains.entry(c.to_string()).or_insert(c).clone();
-                        WireData::Verdict {
-                            code,
-                            chain: Some(c),
-                        }
+                elem.data = wire::parse_nest(p).map(|d| match d {
+                    Parsed::Value(v) => WireData::value(v),
+                    Parsed::Verdict { code, chain } => {
+                        let chain = chain.map(|c| match chains.get(&c) {
+                            Some(shared) => shared.clone(),
+                            None => {
+                                let shared = ChainName::new(c.clone());
+                                chains.insert(c, shared.clone());
+                                shared
+                            }
+                        });
+                        WireData::verdict(code, chain)
                     }
-                    d => d,
                 });
             }
             ELEM_USERDATA => {

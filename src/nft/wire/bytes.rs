@@ -1,14 +1,15 @@
-//! The bytes of an element's key or value, stored inline when short.
+//! An element's key bytes and its data (a value's bytes or a verdict), stored inline when short.
 //!
 //! A table at 10k Services holds ~150k elements, each with a key and most with a value: as
 //! boxed slices they were two small allocations per element, in the desired table and again in
-//! the applied one. Every IPv4 key and value, and IPv6 values, fit inline.
+//! the applied one. Every IPv4 key fits inline, and every IPv4 value and verdict.
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::Deref;
+use std::sync::Arc;
 
 /// Bytes held inline up to this length: with the length and the variant's tag the value is 24
 /// bytes, the size of the boxed slice it replaces plus one word.
@@ -118,6 +119,110 @@ impl fmt::Debug for ElemBytes {
     }
 }
 
+/// Value bytes held in [`WireData`] itself up to this length: an IPv4 endpoint (address and
+/// port, 8 bytes) and any single address or port; an IPv6 endpoint (20 bytes) is boxed.
+const SHORT: usize = 14;
+
+/// A verdict's target chain: a name shared by every element that goes to it, behind a thin
+/// pointer (an `Arc<str>` is two words, and would make [`WireData`] 24 bytes instead of 16).
+pub type ChainName = Arc<String>;
+
+/// An element's data (`NFTA_SET_ELEM_DATA`): a value's bytes or a verdict. Sixteen bytes, so
+/// that a [`super::WireElem`] is 40 and an element map's B-tree leaf of eleven elements fits
+/// jemalloc's 768-byte class instead of the 896-byte one (one variant per representation: an
+/// enum nested in another does not share its tag, which made the data 24 bytes).
+#[derive(Clone, PartialEq, Eq)]
+pub struct WireData(Data);
+
+/// Equality is the derived one: values are inline exactly when at most [`SHORT`] bytes long,
+/// and the unused inline bytes are zero.
+#[derive(Clone, PartialEq, Eq)]
+enum Data {
+    Short { len: u8, bytes: [u8; SHORT] },
+    Long(Box<ElemBytes>),
+    Verdict { code: i32, chain: Option<ChainName> },
+}
+
+/// A [`WireData`] read: a value's bytes, or a verdict's code and chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataRef<'a> {
+    Value(&'a [u8]),
+    Verdict { code: i32, chain: Option<&'a str> },
+}
+
+impl WireData {
+    pub fn value(b: &[u8]) -> WireData {
+        match u8::try_from(b.len()) {
+            Ok(len) if b.len() <= SHORT => {
+                let mut bytes = [0; SHORT];
+                if let Some(to) = bytes.get_mut(..b.len()) {
+                    to.copy_from_slice(b);
+                }
+                WireData(Data::Short { len, bytes })
+            }
+            _ => WireData(Data::Long(Box::new(ElemBytes::from(b)))),
+        }
+    }
+
+    pub fn verdict(code: i32, chain: Option<ChainName>) -> WireData {
+        WireData(Data::Verdict { code, chain })
+    }
+
+    pub fn get(&self) -> DataRef<'_> {
+        match &self.0 {
+            Data::Short { len, bytes } => {
+                DataRef::Value(bytes.get(..usize::from(*len)).unwrap_or(bytes))
+            }
+            Data::Long(b) => DataRef::Value(b.as_slice()),
+            Data::Verdict { code, chain } => DataRef::Verdict {
+                code: *code,
+                chain: chain.as_deref().map(String::as_str),
+            },
+        }
+    }
+
+    /// The value's bytes; `None` for a verdict.
+    pub fn as_value(&self) -> Option<&[u8]> {
+        match self.get() {
+            DataRef::Value(v) => Some(v),
+            DataRef::Verdict { .. } => None,
+        }
+    }
+
+    pub fn is_verdict(&self) -> bool {
+        matches!(self.0, Data::Verdict { .. })
+    }
+
+    /// The chain a verdict jumps or goes to.
+    pub fn chain(&self) -> Option<&str> {
+        match &self.0 {
+            Data::Verdict { chain: Some(c), .. } => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The verdict's shared chain name, to share it further.
+    pub fn chain_name(&self) -> Option<&ChainName> {
+        match &self.0 {
+            Data::Verdict { chain: Some(c), .. } => Some(c),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for WireData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.get() {
+            DataRef::Value(v) => f.debug_tuple("Value").field(&v).finish(),
+            DataRef::Verdict { code, chain } => f
+                .debug_struct("Verdict")
+                .field("code", &code)
+                .field("chain", &chain)
+                .finish(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,7 +250,50 @@ mod tests {
             }
         }
         assert_eq!(size_of::<ElemBytes>(), 24);
-        // What the element maps are sized for: see `WireElem::key_end`.
-        assert_eq!(size_of::<super::super::WireElem>(), 56);
+    }
+
+    /// What the element maps are sized for: see [`WireData`].
+    #[test]
+    fn an_element_is_forty_bytes_and_its_data_sixteen() {
+        assert_eq!(size_of::<WireData>(), 16);
+        assert_eq!(size_of::<Option<WireData>>(), 16);
+        assert_eq!(size_of::<super::super::WireElem>(), 40);
+    }
+
+    #[test]
+    fn data_reads_back_as_made_whether_inline_or_boxed() {
+        let values: Vec<Vec<u8>> = (0..=40)
+            .map(|n| (0..n).map(|b| b * 7 + 1).collect())
+            .collect();
+        for v in &values {
+            let d = WireData::value(v);
+            assert_eq!(d.get(), DataRef::Value(v), "{v:?}");
+            assert_eq!(d.as_value(), Some(&v[..]));
+            assert!(!d.is_verdict() && d.chain().is_none());
+            for w in &values {
+                assert_eq!(d == WireData::value(w), v == w, "{v:?} {w:?}");
+            }
+            assert_ne!(d, WireData::verdict(0, None));
+        }
+        let chain: ChainName = Arc::new("svc-x".into());
+        let goto = WireData::verdict(-4, Some(chain.clone()));
+        assert_eq!(
+            goto.get(),
+            DataRef::Verdict {
+                code: -4,
+                chain: Some("svc-x")
+            }
+        );
+        assert_eq!((goto.chain(), goto.as_value()), (Some("svc-x"), None));
+        assert!(goto.chain_name().is_some_and(|c| Arc::ptr_eq(c, &chain)));
+        // Equal by name, not by the shared allocation.
+        assert_eq!(goto, WireData::verdict(-4, Some(Arc::new("svc-x".into()))));
+        assert_ne!(goto, WireData::verdict(-3, Some(chain)));
+        assert_ne!(goto, WireData::verdict(-4, None));
+        assert_eq!(
+            format!("{goto:?}"),
+            r#"Verdict { code: -4, chain: Some("svc-x") }"#
+        );
+        assert_eq!(format!("{:?}", WireData::value(&[1, 2])), "Value([1, 2])");
     }
 }

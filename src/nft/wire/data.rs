@@ -23,22 +23,28 @@ pub(super) fn data_verdict(code: i32, chain: Option<&str>) -> Vec<u8> {
     v
 }
 
+/// An NFTA_DATA nest payload as read, before anything is allocated for it.
+pub(crate) enum Parsed<'a> {
+    Value(&'a [u8]),
+    Verdict { code: i32, chain: Option<String> },
+}
+
 /// Parses an NFTA_DATA nest payload.
-pub fn parse_data(b: &[u8]) -> Option<WireData> {
+pub(crate) fn parse_nest(b: &[u8]) -> Option<Parsed<'_>> {
     for (ty, p, _) in crate::netlink::Attrs::new(b) {
         match ty & crate::netlink::NLA_TYPE_MASK {
-            DATA_VALUE => return Some(WireData::Value(p.into())),
+            DATA_VALUE => return Some(Parsed::Value(p)),
             DATA_VERDICT => {
                 let mut code = None;
                 let mut chain = None;
                 for (t, q, _) in crate::netlink::Attrs::new(p) {
                     match t & crate::netlink::NLA_TYPE_MASK {
                         VERDICT_CODE => code = crate::netlink::be_u32(q).map(|c| c as i32),
-                        VERDICT_CHAIN => chain = Some(Arc::from(crate::netlink::cstr(q).as_str())),
+                        VERDICT_CHAIN => chain = Some(crate::netlink::cstr(q)),
                         _ => {}
                     }
                 }
-                return Some(WireData::Verdict { code: code?, chain });
+                return Some(Parsed::Verdict { code: code?, chain });
             }
             _ => {}
         }
@@ -46,11 +52,27 @@ pub fn parse_data(b: &[u8]) -> Option<WireData> {
     None
 }
 
+/// Parses an NFTA_DATA nest payload.
+pub fn parse_data(b: &[u8]) -> Option<WireData> {
+    Some(match parse_nest(b)? {
+        Parsed::Value(v) => WireData::value(v),
+        Parsed::Verdict { code, chain } => WireData::verdict(code, chain.map(Arc::new)),
+    })
+}
+
+/// Parses an NFTA_DATA nest payload holding a value (an element's key); `None` for a verdict.
+pub fn parse_value(b: &[u8]) -> Option<ElemBytes> {
+    match parse_nest(b)? {
+        Parsed::Value(v) => Some(v.into()),
+        Parsed::Verdict { .. } => None,
+    }
+}
+
 /// Encodes `WireData` as an NFTA_DATA nest payload.
 pub fn encode_data(d: &WireData, out: &mut Vec<u8>) {
-    match d {
-        WireData::Value(v) => put_attr(out, DATA_VALUE, v),
-        WireData::Verdict { code, chain } => {
+    match d.get() {
+        DataRef::Value(v) => put_attr(out, DATA_VALUE, v),
+        DataRef::Verdict { code, chain } => {
             let start = crate::netlink::nest_begin(out, DATA_VERDICT);
             put_u32_be(out, VERDICT_CODE, code.cast_unsigned());
             if let Some(c) = chain {

@@ -431,7 +431,7 @@ fn set_definition(family: IpFamily, table_desc: &str, set: &Set) -> Result<WireS
 /// element: a verdict's chain name, and a comment's userdata.
 #[derive(Default)]
 pub(super) struct Shared {
-    chains: HashMap<String, Arc<str>>,
+    chains: HashMap<String, ChainName>,
     /// By the address of the comment's text, which the build shares among a Service port's
     /// elements (kept alive here, so that no other text takes its address meanwhile).
     comments: HashMap<usize, SharedComment, BuildHasherDefault<AddressHasher>>,
@@ -494,15 +494,15 @@ fn lower_elements<E: Borrow<Element>>(
                 let chain = chain.map(|c| match shared.chains.get(c) {
                     Some(name) => name.clone(),
                     None => {
-                        let name: Arc<str> = Arc::from(c);
+                        let name = ChainName::new(c.to_owned());
                         shared.chains.insert(c.to_owned(), name.clone());
                         name
                     }
                 });
-                Some(WireData::Verdict { code, chain })
+                Some(WireData::verdict(code, chain))
             }
-            (Some(SetData::Value(fields)), Some(ElemData::Value(atoms))) => Some(WireData::Value(
-                encode_atoms(&mut scratch, family, fields, atoms).map_err(bad)?,
+            (Some(SetData::Value(fields)), Some(ElemData::Value(atoms))) => Some(WireData::value(
+                &encode_atoms(&mut scratch, family, fields, atoms).map_err(bad)?,
             )),
             _ => return Err(bad("element data does not match the set's data type".into())),
         };

@@ -71,10 +71,7 @@ fn table() -> WireTable {
             ElemBytes::from(vec![10, 96, 0, i]),
             WireElem {
                 key_end: None,
-                data: Some(WireData::Verdict {
-                    code: -4,
-                    chain: Some(Arc::from("pick-1")),
-                }),
+                data: Some(WireData::verdict(-4, Some(Arc::new("pick-1".into())))),
                 userdata: Some(comment.clone()),
                 origin: None,
             },
@@ -133,15 +130,12 @@ fn the_digest_covers_every_element_field_and_set_name_but_no_dynamic_set() {
         "a key end"
     );
     assert_ne!(
-        changed(&|c| first(c).data = Some(WireData::Value(ElemBytes::from(vec![1])))),
+        changed(&|c| first(c).data = Some(WireData::value(&[1]))),
         d,
         "data"
     );
     assert_ne!(
-        changed(&|c| first(c).data = Some(WireData::Verdict {
-            code: -4,
-            chain: Some(Arc::from("pick-2")),
-        })),
+        changed(&|c| first(c).data = Some(WireData::verdict(-4, Some(Arc::new("pick-2".into()))))),
         d,
         "a verdict's chain"
     );

@@ -27,8 +27,8 @@ pub(crate) fn chain_of(e: &WireExpr) -> Option<String> {
     if e.name != KIND.name {
         return None;
     }
-    match parse_data(e.attr(IMMEDIATE_DATA)?)? {
-        WireData::Verdict { chain, .. } => chain.map(|c| c.to_string()),
-        WireData::Value(_) => None,
+    match parse_nest(e.attr(IMMEDIATE_DATA)?)? {
+        Parsed::Verdict { chain, .. } => chain,
+        Parsed::Value(_) => None,
     }
 }
