@@ -179,25 +179,20 @@ fn poison_transaction_is_rejected_naming_the_service() {
         let svc = desired.sets.get_mut("service-ips").unwrap();
         svc.elements.insert(
             vec![10, 96, 0, 99, 6, 0, 0, 0, 0, 80, 0, 0].into(),
-            WireElem {
-                key_end: None,
-                data: Some(WireData::verdict(
+            WireElem::new(
+                None,
+                Some(WireData::verdict(
                     -4,
                     Some(std::sync::Arc::new("no-such-chain".into())),
                 )),
-                userdata: None,
-                origin: Some(std::sync::Arc::new(sample::spn("poison", "web", "http"))),
-            },
+                None,
+                Some(std::sync::Arc::new(sample::spn("poison", "web", "http"))),
+            ),
         );
         let cips = desired.sets.get_mut("cluster-ips").unwrap();
         cips.elements.insert(
             vec![10, 96, 0, 99].into(),
-            WireElem {
-                key_end: None,
-                data: None,
-                userdata: None,
-                origin: None,
-            },
+            WireElem::new(None, None, None, None),
         );
         let plan = diff(Some(&current), &desired);
         let err = k.apply(&plan).unwrap_err();

@@ -147,7 +147,7 @@ fn chain_refs_of_table(t: &WireTable) -> BTreeSet<String> {
     for s in t.sets.values() {
         if s.data_type == Some(super::uapi::DATA_TYPE_VERDICT) {
             for e in s.elements.values() {
-                if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
+                if let Some(c) = e.chain()
                     && !refs.contains(c)
                 {
                     refs.insert(c.to_owned());
@@ -361,10 +361,7 @@ pub fn diff<'a>(current: Option<&'a WireTable>, desired: &'a WireTable) -> Plan<
             // nothing by then (only stale rules, flushed above, still look it up).
             if let Some(old) = cur.sets.get(*name)
                 && !old.elements.is_empty()
-                && old
-                    .elements
-                    .values()
-                    .any(|e| e.data.as_ref().is_some_and(|d| d.chain().is_some()))
+                && old.elements.values().any(|e| e.chain().is_some())
             {
                 plan.phase1.push(Op::DelElems {
                     set: name,

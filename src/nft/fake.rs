@@ -166,11 +166,9 @@ fn apply_op(
             // Before kernel 6.2, element references are released only at commit: an element
             // removed in this transaction still holds the chain.
             let elem_ref = |t: &WireTable| {
-                t.sets.values().any(|s| {
-                    s.elements
-                        .values()
-                        .any(|e| e.data.as_ref().and_then(|d| d.chain()) == Some(*name))
-                })
+                t.sets
+                    .values()
+                    .any(|s| s.elements.values().any(|e| e.chain() == Some(*name)))
             };
             if by_rule || elem_ref(t) || before.is_some_and(elem_ref) {
                 return Err((Busy.errno(), format!("chain {name} of {desc}")));
@@ -233,12 +231,12 @@ fn apply_op(
                 // Adds are not exclusive (see netlink.rs): like the kernel, an element that
                 // exists with the same data is left as it is; different data is a clash.
                 if let Some(existing) = s.elements.get(*k) {
-                    if existing.data != e.data {
+                    if existing.data() != e.data() {
                         return Err((Exists.errno(), object));
                     }
                     continue;
                 }
-                if let Some(c) = e.data.as_ref().and_then(|d| d.chain())
+                if let Some(c) = e.chain()
                     && !chains.iter().any(|x| x == c)
                 {
                     return Err((NotFound.errno(), object));

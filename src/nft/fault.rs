@@ -51,16 +51,15 @@ impl<K: Kernel> Faulty<K> {
     fn poisoned(&self, elem: &WireElem) -> Option<WireElem> {
         let port = self.port.as_deref()?;
         let origin = elem.origin.as_ref()?;
-        if origin.port != port || !elem.data.as_ref().is_some_and(WireData::is_verdict) {
+        if origin.port != port || !elem.data().is_some_and(WireData::is_verdict) {
             return None;
         }
-        Some(WireElem {
-            data: Some(WireData::verdict(
-                super::uapi::NFT_GOTO,
-                Some(Arc::new(MISSING_CHAIN.to_owned())),
-            )),
-            ..elem.clone()
-        })
+        let mut poisoned = elem.clone();
+        poisoned.set_data(Some(WireData::verdict(
+            super::uapi::NFT_GOTO,
+            Some(Arc::new(MISSING_CHAIN.to_owned())),
+        )));
+        Some(poisoned)
     }
 }
 

@@ -494,10 +494,10 @@ fn element_changes(
 /// after `to`).
 fn element_text(def: &WireSet, key: &[u8], elem: &WireElem) -> String {
     let mut text = def.format_key(key);
-    if let Some(end) = elem.key_end.as_deref().filter(|end| &end[..] != key) {
+    if let Some(end) = elem.key_end().filter(|end| &end[..] != key) {
         let _ = write!(text, " to {}", def.format_key(end));
     }
-    if let Some(data) = &elem.data {
+    if let Some(data) = elem.data() {
         let _ = write!(text, " : {}", def.format_data(data));
     }
     text
@@ -506,17 +506,15 @@ fn element_text(def: &WireSet, key: &[u8], elem: &WireElem) -> String {
 /// What an element changed in place held before: its data, range end or comment.
 fn was_text(def: &WireSet, old: &WireElem, new: &WireElem) -> String {
     let mut parts = Vec::new();
-    if old.data != new.data {
+    if old.data() != new.data() {
         let data = old
-            .data
-            .as_ref()
+            .data()
             .map_or_else(|| "no data".to_owned(), |d| def.format_data(d));
         parts.push(format!("was : {data}"));
     }
-    if old.key_end != new.key_end {
+    if old.key_end() != new.key_end() {
         let end = old
-            .key_end
-            .as_deref()
+            .key_end()
             .map_or_else(|| "none".to_owned(), |e| def.format_key(e));
         parts.push(format!("range end was {end}"));
     }

@@ -717,3 +717,30 @@ fn lowering_on_two_threads_fails_on_the_first_bad_element_as_one_thread_does() {
     }
     assert!(two.contains("element 000000030600000000500000 "), "{two}");
 }
+
+#[test]
+fn an_element_keeps_its_data_and_range_end_whichever_is_set_first() {
+    let data = Some(WireData::value(&[10, 0, 0, 1, 0, 80, 0, 0]));
+    let end = ElemBytes::from(vec![10, 0, 0, 255]);
+    let who = Some(std::sync::Arc::new(origin("web")));
+    let comment = Some(std::sync::Arc::new(b"ns/web:http".to_vec()));
+    let mut e = WireElem::new(None, data.clone(), comment.clone(), who.clone());
+    assert_eq!((e.key_end(), e.data()), (None, data.as_ref()));
+    e.set_key_end(Some(end.clone()));
+    assert_eq!((e.key_end(), e.data()), (Some(&end), data.as_ref()));
+    assert_eq!((&e.userdata, &e.origin), (&comment, &who));
+    assert_eq!(
+        e,
+        WireElem::new(Some(end.clone()), data.clone(), comment.clone(), None),
+        "the origin is not compared"
+    );
+    assert_ne!(e, WireElem::new(None, data.clone(), comment.clone(), None));
+    e.set_data(None);
+    assert_eq!((e.key_end(), e.data(), e.chain()), (Some(&end), None, None));
+    e.set_key_end(None);
+    assert_eq!(e, WireElem::new(None, None, comment.clone(), None));
+    let chain: ChainName = std::sync::Arc::new("pick-web".into());
+    e.set_data(Some(WireData::verdict(uapi::NFT_GOTO, Some(chain))));
+    assert_eq!((e.key_end(), e.chain()), (None, Some("pick-web")));
+    assert_eq!((&e.userdata, &e.origin), (&comment, &who));
+}

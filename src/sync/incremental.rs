@@ -455,7 +455,7 @@ struct Old<'a> {
 
 /// Counts the verdict of `elem` (if it has one) as `change` references to its chain.
 fn count(verdicts: &mut HashMap<String, i64>, elem: &WireElem, change: i64) {
-    if let Some(chain) = elem.data.as_ref().and_then(|d| d.chain()) {
+    if let Some(chain) = elem.chain() {
         match verdicts.get_mut(chain) {
             Some(n) => *n += change,
             None => {

@@ -183,8 +183,8 @@ pub fn digest(table: &WireTable, salt: u64) -> u64 {
         for (key, e) in &set.elements {
             buf.clear();
             put(&mut buf, Some(key.as_slice()));
-            put(&mut buf, e.key_end.as_deref().map(ElemBytes::as_slice));
-            match e.data.as_ref().map(WireData::get) {
+            put(&mut buf, e.key_end().map(ElemBytes::as_slice));
+            match e.data().map(WireData::get) {
                 None => buf.push(0),
                 Some(DataRef::Value(v)) => {
                     buf.push(1);

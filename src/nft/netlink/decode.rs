@@ -102,12 +102,7 @@ pub(super) fn parse_elem(
     comments: &mut HashMap<Box<[u8]>, Arc<Vec<u8>>>,
 ) -> Option<(ElemBytes, WireElem)> {
     let mut key = None;
-    let mut elem = WireElem {
-        key_end: None,
-        data: None,
-        userdata: None,
-        origin: None,
-    };
+    let (mut key_end, mut data, mut userdata) = (None, None, None);
     for (ty, p, _) in Attrs::new(e) {
         match ty & NLA_TYPE_MASK {
             ELEM_KEY => {
@@ -117,11 +112,11 @@ pub(super) fn parse_elem(
             }
             ELEM_KEY_END => {
                 if let Some(v) = wire::parse_value(p) {
-                    elem.key_end = Some(Box::new(v));
+                    key_end = Some(v);
                 }
             }
             ELEM_DATA => {
-                elem.data = wire::parse_nest(p).map(|d| match d {
+                data = wire::parse_nest(p).map(|d| match d {
                     Parsed::Value(v) => WireData::value(v),
                     Parsed::Verdict { code, chain } => {
                         let chain = chain.map(|c| match chains.get(&c) {
@@ -137,7 +132,7 @@ pub(super) fn parse_elem(
                 });
             }
             ELEM_USERDATA => {
-                elem.userdata = Some(match comments.get(p) {
+                userdata = Some(match comments.get(p) {
                     Some(shared) => shared.clone(),
                     None => {
                         let shared = Arc::new(p.to_vec());
@@ -149,5 +144,5 @@ pub(super) fn parse_elem(
             _ => {}
         }
     }
-    Some((key?, elem))
+    Some((key?, WireElem::new(key_end, data, userdata, None)))
 }

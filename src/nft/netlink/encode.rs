@@ -153,13 +153,13 @@ pub(super) fn encode_elem(buf: &mut Vec<u8>, key: &[u8], e: &WireElem, with_data
     put_attr(buf, DATA_VALUE, key);
     let _ = nest_end(buf, k);
     // A range element is identified by both ends, also when it is deleted.
-    if let Some(end) = &e.key_end {
+    if let Some(end) = e.key_end() {
         let k = nest_begin(buf, ELEM_KEY_END | NLA_F_NESTED);
         put_attr(buf, DATA_VALUE, end);
         let _ = nest_end(buf, k);
     }
     if with_data {
-        if let Some(d) = &e.data {
+        if let Some(d) = e.data() {
             let n = nest_begin(buf, ELEM_DATA | NLA_F_NESTED);
             wire::encode_data(d, buf);
             let _ = nest_end(buf, n);
@@ -341,7 +341,7 @@ pub(super) fn describe(
             match elem.and_then(|i| elems.get(i)) {
                 Some((k, e)) => {
                     let mut s = format!("element {}", def.format_key(k));
-                    if let Some(d) = &e.data {
+                    if let Some(d) = e.data() {
                         s.push_str(&format!(" : {}", def.format_data(d)));
                     }
                     (format!("{s} in {what}"), e.origin.as_deref().cloned())

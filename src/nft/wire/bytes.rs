@@ -127,10 +127,9 @@ const SHORT: usize = 14;
 /// pointer (an `Arc<str>` is two words, and would make [`WireData`] 24 bytes instead of 16).
 pub type ChainName = Arc<String>;
 
-/// An element's data (`NFTA_SET_ELEM_DATA`): a value's bytes or a verdict. Sixteen bytes, so
-/// that a [`super::WireElem`] is 40 and an element map's B-tree leaf of eleven elements fits
-/// jemalloc's 768-byte class instead of the 896-byte one (one variant per representation: an
-/// enum nested in another does not share its tag, which made the data 24 bytes).
+/// An element's data (`NFTA_SET_ELEM_DATA`): a value's bytes or a verdict. Sixteen bytes, for
+/// the size of a [`super::WireElem`] (one variant per representation: a value's enum nested in
+/// this one did not share its tag, which made the data 24 bytes).
 #[derive(Clone, PartialEq, Eq)]
 pub struct WireData(Data);
 
@@ -252,12 +251,12 @@ mod tests {
         assert_eq!(size_of::<ElemBytes>(), 24);
     }
 
-    /// What the element maps are sized for: see [`WireData`].
+    /// What the element maps are sized for: see [`super::super::WireElem`].
     #[test]
-    fn an_element_is_forty_bytes_and_its_data_sixteen() {
+    fn an_element_is_thirty_two_bytes_and_its_data_sixteen() {
         assert_eq!(size_of::<WireData>(), 16);
         assert_eq!(size_of::<Option<WireData>>(), 16);
-        assert_eq!(size_of::<super::super::WireElem>(), 40);
+        assert_eq!(size_of::<super::super::WireElem>(), 32);
     }
 
     #[test]

@@ -479,9 +479,7 @@ fn lower_elements<E: Borrow<Element>>(
         };
         let key = encode_atoms(&mut scratch, family, &set.key, &e.key).map_err(bad)?;
         let key_end = if interval {
-            Some(Box::new(
-                encode_atoms_at(&mut scratch, family, &set.key, &e.key, true).map_err(bad)?,
-            ))
+            Some(encode_atoms_at(&mut scratch, family, &set.key, &e.key, true).map_err(bad)?)
         } else {
             None
         };
@@ -518,12 +516,7 @@ fn lower_elements<E: Borrow<Element>>(
             last_comment = Some((c.clone(), userdata.clone()));
             userdata
         });
-        let elem = WireElem {
-            key_end,
-            data,
-            userdata,
-            origin: e.origin.clone(),
-        };
+        let elem = WireElem::new(key_end, data, userdata, e.origin.clone());
         if !out.insert(key, elem) {
             return Err(bad("duplicate key".into()));
         }

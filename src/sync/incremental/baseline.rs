@@ -172,7 +172,7 @@ impl Baseline {
                 }
                 let mut runs = index.set_runs(family, name);
                 for (key, elem) in &set.elements {
-                    if let Some(chain) = elem.data.as_ref().and_then(|d| d.chain()) {
+                    if let Some(chain) = elem.chain() {
                         match verdicts.get_mut(chain) {
                             Some(n) => *n += 1,
                             None => {

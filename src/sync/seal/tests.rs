@@ -69,12 +69,12 @@ fn table() -> WireTable {
     for i in 0..3u8 {
         elements.insert(
             ElemBytes::from(vec![10, 96, 0, i]),
-            WireElem {
-                key_end: None,
-                data: Some(WireData::verdict(-4, Some(Arc::new("pick-1".into())))),
-                userdata: Some(comment.clone()),
-                origin: None,
-            },
+            WireElem::new(
+                None,
+                Some(WireData::verdict(-4, Some(Arc::new("pick-1".into())))),
+                Some(comment.clone()),
+                None,
+            ),
         );
     }
     let set = |elements| WireSet {
@@ -125,17 +125,19 @@ fn the_digest_covers_every_element_field_and_set_name_but_no_dynamic_set() {
         "a key"
     );
     assert_ne!(
-        changed(&|c| first(c).key_end = Some(Box::new(ElemBytes::from(vec![10, 96, 0, 0])))),
+        changed(&|c| first(c).set_key_end(Some(ElemBytes::from(vec![10, 96, 0, 0])))),
         d,
         "a key end"
     );
     assert_ne!(
-        changed(&|c| first(c).data = Some(WireData::value(&[1]))),
+        changed(&|c| first(c).set_data(Some(WireData::value(&[1])))),
         d,
         "data"
     );
     assert_ne!(
-        changed(&|c| first(c).data = Some(WireData::verdict(-4, Some(Arc::new("pick-2".into()))))),
+        changed(
+            &|c| first(c).set_data(Some(WireData::verdict(-4, Some(Arc::new("pick-2".into())))))
+        ),
         d,
         "a verdict's chain"
     );
