@@ -257,8 +257,7 @@ impl<K: Kernel> Syncer<K> {
         let t = Instant::now();
         let ours: Vec<OriginAddr> = changed
             .iter()
-            .filter_map(|n| base.origins.get(n))
-            .flatten()
+            .flat_map(|n| base.origins_of(n))
             .map(address)
             .collect();
         let mut deltas = Vec::with_capacity(wanted.len());
@@ -285,7 +284,7 @@ impl<K: Kernel> Syncer<K> {
             return;
         };
         for name in changed {
-            for origin in base.origins.remove(name).into_iter().flatten() {
+            for origin in base.take_origins(name) {
                 base.index.remove(address(&origin));
             }
         }
@@ -307,7 +306,7 @@ impl<K: Kernel> Syncer<K> {
             );
             for (name, key, elem) in delta.new {
                 if let Some(origin) = &elem.origin {
-                    add_origin(&mut base.origins, origin);
+                    add_origin(&mut base.held, origin);
                 }
                 if let Some(set) = have.sets.get_mut(&name) {
                     set.elements.insert(key, elem);
