@@ -266,9 +266,9 @@ impl WireSet {
     }
 }
 
-/// An element of a set, but its key (the set's map key). 32 bytes, so that an element map's
-/// B-tree leaf of eleven keys and elements fits jemalloc's 640-byte class: at 10k Services ×
-/// 10 endpoints the 150k elements of a table are most of what the daemon keeps.
+/// An element of a set, without its key (which is the element map's). 32 bytes, so that an
+/// element map's B-tree leaf of eleven keys and elements fits jemalloc's 640-byte class: at
+/// 10k Services × 10 endpoints the 150k elements of a table are most of what the daemon keeps.
 #[derive(Clone)]
 pub struct WireElem {
     body: Body,

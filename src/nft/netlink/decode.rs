@@ -119,13 +119,11 @@ pub(super) fn parse_elem(
                 data = wire::parse_nest(p).map(|d| match d {
                     Parsed::Value(v) => WireData::value(v),
                     Parsed::Verdict { code, chain } => {
-                        let chain = chain.map(|c| match chains.get(&c) {
-                            Some(shared) => shared.clone(),
-                            None => {
-                                let shared = ChainName::new(c.clone());
-                                chains.insert(c, shared.clone());
-                                shared
-                            }
+                        let chain = chain.map(|c| {
+                            let shared = chains.entry(c);
+                            shared
+                                .or_insert_with_key(|c| ChainName::new(c.clone()))
+                                .clone()
                         });
                         WireData::verdict(code, chain)
                     }

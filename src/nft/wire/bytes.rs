@@ -120,7 +120,10 @@ impl fmt::Debug for ElemBytes {
 }
 
 /// Value bytes held in [`WireData`] itself up to this length: an IPv4 endpoint (address and
-/// port, 8 bytes) and any single address or port; an IPv6 endpoint (20 bytes) is boxed.
+/// port, 8 bytes), an IPv4 address or a port. An IPv6 endpoint (20 bytes) is boxed: in an IPv6
+/// table's endpoint maps an element then takes ~90 bytes (its part of a 640-byte B-tree leaf,
+/// and a 32-byte box) where it took ~82 (its part of an 896-byte leaf), while every IPv4
+/// element and every verdict takes 58 instead of 82.
 const SHORT: usize = 14;
 
 /// A verdict's target chain: a name shared by every element that goes to it, behind a thin
@@ -194,14 +197,6 @@ impl WireData {
 
     /// The chain a verdict jumps or goes to.
     pub fn chain(&self) -> Option<&str> {
-        match &self.0 {
-            Data::Verdict { chain: Some(c), .. } => Some(c),
-            _ => None,
-        }
-    }
-
-    /// The verdict's shared chain name, to share it further.
-    pub fn chain_name(&self) -> Option<&ChainName> {
         match &self.0 {
             Data::Verdict { chain: Some(c), .. } => Some(c),
             _ => None,
@@ -284,7 +279,6 @@ mod tests {
             }
         );
         assert_eq!((goto.chain(), goto.as_value()), (Some("svc-x"), None));
-        assert!(goto.chain_name().is_some_and(|c| Arc::ptr_eq(c, &chain)));
         // Equal by name, not by the shared allocation.
         assert_eq!(goto, WireData::verdict(-4, Some(Arc::new("svc-x".into()))));
         assert_ne!(goto, WireData::verdict(-3, Some(chain)));
