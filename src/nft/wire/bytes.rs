@@ -257,7 +257,7 @@ mod tests {
     #[test]
     fn data_reads_back_as_made_whether_inline_or_boxed() {
         let values: Vec<Vec<u8>> = (0..=40)
-            .map(|n| (0..n).map(|b| b * 7 + 1).collect())
+            .map(|n| (0..n).map(|b| b * 5 + 1).collect())
             .collect();
         for v in &values {
             let d = WireData::value(v);
