@@ -25,10 +25,23 @@ enum Repr {
     Heap(Box<[u8]>),
 }
 
+/// `b` as `N` inline bytes (zero after its end) and its length, if it fits.
+fn inline<const N: usize>(b: &[u8]) -> Option<(u8, [u8; N])> {
+    let len = u8::try_from(b.len()).ok().filter(|_| b.len() <= N)?;
+    let mut bytes = [0; N];
+    bytes.get_mut(..b.len())?.copy_from_slice(b);
+    Some((len, bytes))
+}
+
+/// The first `len` of inline `bytes`.
+fn inline_slice<const N: usize>(len: u8, bytes: &[u8; N]) -> &[u8] {
+    bytes.get(..usize::from(len)).unwrap_or(bytes)
+}
+
 impl ElemBytes {
     pub fn as_slice(&self) -> &[u8] {
         match &self.0 {
-            Repr::Inline { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
+            Repr::Inline { len, bytes } => inline_slice(*len, bytes),
             Repr::Heap(b) => b,
         }
     }
@@ -36,15 +49,9 @@ impl ElemBytes {
 
 impl From<&[u8]> for ElemBytes {
     fn from(b: &[u8]) -> ElemBytes {
-        match u8::try_from(b.len()) {
-            Ok(len) if b.len() <= INLINE => {
-                let mut bytes = [0; INLINE];
-                if let Some(to) = bytes.get_mut(..b.len()) {
-                    to.copy_from_slice(b);
-                }
-                ElemBytes(Repr::Inline { len, bytes })
-            }
-            _ => ElemBytes(Repr::Heap(b.into())),
+        match inline::<INLINE>(b) {
+            Some((len, bytes)) => ElemBytes(Repr::Inline { len, bytes }),
+            None => ElemBytes(Repr::Heap(b.into())),
         }
     }
 }
@@ -154,15 +161,9 @@ pub enum DataRef<'a> {
 
 impl WireData {
     pub fn value(b: &[u8]) -> WireData {
-        match u8::try_from(b.len()) {
-            Ok(len) if b.len() <= SHORT => {
-                let mut bytes = [0; SHORT];
-                if let Some(to) = bytes.get_mut(..b.len()) {
-                    to.copy_from_slice(b);
-                }
-                WireData(Data::Short { len, bytes })
-            }
-            _ => WireData(Data::Long(Box::new(ElemBytes::from(b)))),
+        match inline::<SHORT>(b) {
+            Some((len, bytes)) => WireData(Data::Short { len, bytes }),
+            None => WireData(Data::Long(Box::new(ElemBytes::from(b)))),
         }
     }
 
@@ -172,9 +173,7 @@ impl WireData {
 
     pub fn get(&self) -> DataRef<'_> {
         match &self.0 {
-            Data::Short { len, bytes } => {
-                DataRef::Value(bytes.get(..usize::from(*len)).unwrap_or(bytes))
-            }
+            Data::Short { len, bytes } => DataRef::Value(inline_slice(*len, bytes)),
             Data::Long(b) => DataRef::Value(b.as_slice()),
             Data::Verdict { code, chain } => DataRef::Verdict {
                 code: *code,
