@@ -1,6 +1,6 @@
 //! `nodeproxy diff` against the real kernel: after `--once` programmed a cluster, what the diff
-//! prints and exits with for the same input, a changed endpoint, an added Service and a table
-//! edited by hand, and that it never changes the kernel nor needs the node lock.
+//! prints and exits with for the same input, a changed endpoint, an added and a removed Service
+//! and a table edited by hand, and that it never changes the kernel nor needs the node lock.
 //!
 //! Every case runs in a network namespace the test creates (root required; without it the
 //! test fails, never skips). Addresses are documentation ranges.
@@ -221,6 +221,46 @@ fn an_added_service_is_all_additions() {
             "",
             "summary: 1 Service(s) and shared objects changed; chain(s) 1 added, 0 removed, 0 \
              changed; set(s) and map(s) 1 added, 0 removed, 0 changed; element(s) 3 added, 0 \
+             removed, 0 changed",
+        ],
+    );
+}
+
+#[test]
+fn a_removed_services_endpoint_elements_are_named_by_their_key() {
+    // The kernel holds endpoints maps' elements without a comment: the diff finds their Service
+    // through the Service-level element whose key begins theirs.
+    let scratch = Scratch::new("diff", "removed");
+    let more = scratch.file("more.yaml", &format!("{CLUSTER}{API_SERVICE}"));
+    let cluster = scratch.file("cluster.yaml", CLUSTER);
+    let out = in_netns(move || {
+        let lock = lock_file_for_this_netns();
+        program(&more, &lock);
+        let listed = nft(&["list", "map", "ip", "nodeproxy", "pick-1-endpoints"]);
+        assert!(
+            listed.contains("203.0.113.21 . tcp . 9000 . 0 : 198.51.100.20 . 9000"),
+            "{listed}"
+        );
+        assert!(!listed.contains("comment \"shop/"), "{listed}");
+        let out = diff(&cluster, &lock);
+        let _ = std::fs::remove_file(&lock);
+        out
+    });
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        [
+            "Service shop/api",
+            "  - element ip nodeproxy cluster-ips { 203.0.113.21 }",
+            "  - element ip nodeproxy pick-1-endpoints { 203.0.113.21 . tcp . 9000 . 0 : 198.51.100.20 . 9000 }",
+            "  - element ip nodeproxy service-ips { 203.0.113.21 . tcp . 9000 : goto pick-1 }",
+            "",
+            "Shared objects (no single Service)",
+            "  - chain ip nodeproxy pick-1",
+            "  - map ip nodeproxy pick-1-endpoints",
+            "",
+            "summary: 1 Service(s) and shared objects changed; chain(s) 0 added, 1 removed, 0 \
+             changed; set(s) and map(s) 0 added, 1 removed, 0 changed; element(s) 0 added, 3 \
              removed, 0 changed",
         ],
     );

@@ -716,15 +716,26 @@ fn no_service_can_take_another_services_cluster_ip_and_clashes_are_not_decided_b
     );
     let ruleset = String::from_utf8_lossy(&out.stdout).into_owned();
     for line in ruleset.lines() {
-        for (key, owner) in [
-            ("203.0.113.20 . tcp . 80", "shop/web"),
-            ("203.0.113.70 . tcp . 80", "shop/old-lb"),
+        // Endpoints maps' elements carry no comment: their endpoint says whose they are.
+        for (key, owner, endpoint) in [
+            (
+                "203.0.113.20 . tcp . 80",
+                "shop/web",
+                "198.51.100.10 . 8080",
+            ),
+            (
+                "203.0.113.70 . tcp . 80",
+                "shop/old-lb",
+                "198.51.100.20 . 8080",
+            ),
         ] {
             if line.contains(key) {
-                assert!(
-                    line.contains(owner),
-                    "an element for {key} not of {owner}: {line}"
-                );
+                let ours = if line.contains("comment") {
+                    line.contains(&format!("comment \"{owner}:"))
+                } else {
+                    line.contains(&format!(": {endpoint}"))
+                };
+                assert!(ours, "an element for {key} not of {owner}: {line}");
             }
         }
     }

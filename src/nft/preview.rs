@@ -13,6 +13,7 @@ use super::udata;
 use super::wire::{WireChain, WireElem, WireRule, WireSet, WireTable, family_keyword};
 use super::{ApplyStats, Kernel, NftError};
 use crate::model::{IpFamily, ServiceName};
+use crate::ruleset::names;
 
 /// What happens to one object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -420,7 +421,7 @@ fn describe_plan(have: Option<&WireTable>, plan: &Plan<'_>) -> Vec<Change> {
         out.push(change(Owner::Shared, Object::Set, name, sign, text));
         let defs = (old.or(new), new.or(old));
         out.extend(element_changes(
-            family, &table, name, defs, &removed, &added,
+            have, family, &table, name, defs, &removed, &added,
         ));
     }
     for (name, ops) in &t.elements {
@@ -429,6 +430,7 @@ fn describe_plan(have: Option<&WireTable>, plan: &Plan<'_>) -> Vec<Change> {
         }
         let defs = (old_set(name).or(ops.def), ops.def.or(old_set(name)));
         out.extend(element_changes(
+            have,
             family,
             &table,
             name,
@@ -442,6 +444,7 @@ fn describe_plan(have: Option<&WireTable>, plan: &Plan<'_>) -> Vec<Change> {
 
 /// Element lines of set `name`: a key both removed and added is changed in place.
 fn element_changes(
+    have: Option<&WireTable>,
     family: IpFamily,
     table: &str,
     name: &str,
@@ -478,6 +481,7 @@ fn element_changes(
             Some(Change {
                 owner: service_of(elem)
                     .or_else(|| was.and_then(service_of))
+                    .or_else(|| service_by_key(have, name, key))
                     .map_or(Owner::Shared, Owner::Service),
                 family,
                 object: Object::Element,
@@ -531,6 +535,19 @@ fn was_text(def: &WireSet, old: &WireElem, new: &WireElem) -> String {
     } else {
         format!(" ({})", parts.join(", "))
     }
+}
+
+/// The Service of an element of endpoints map `set` that the kernel holds without a comment (as
+/// the build leaves them): the one named by the Service-level element, in the kernel, whose key
+/// is this key without its slot.
+fn service_by_key(have: Option<&WireTable>, set: &str, key: &[u8]) -> Option<ServiceName> {
+    let maps = names::endpoint_owner_maps(set)?;
+    // The slot is the last field, a 32-bit numgen register.
+    let prefix = key.get(..key.len().checked_sub(4)?)?;
+    let have = have?;
+    maps.iter()
+        .filter_map(|map| have.sets.get(*map)?.elements.get(prefix))
+        .find_map(service_of)
 }
 
 /// The Service an element was built for: its origin when we built it, else the `ns/name:port`

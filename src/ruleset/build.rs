@@ -290,7 +290,20 @@ fn add_picks(
     let prefix = Atoms::new(key_prefix);
     for (slot, ep) in endpoints.iter().enumerate() {
         let key = prefix.then(slot_atom(slot));
-        insert(elements, keyed(key, Some(endpoint_data(ep)), origin));
+        // No comment: the Service-level element whose key begins this one (the `goto` to the
+        // pick chain) carries it, and `nodeproxy diff` names the Service by that key
+        // ([`names::endpoint_owner_maps`]). Comments on these (125k of 145k elements at 10k
+        // Services x 10) were 3 of a cold batch's 10 MB, with the kernel time and read-back
+        // they cost (docs/performance.md, "Element comments").
+        insert(
+            elements,
+            Element {
+                key,
+                data: Some(endpoint_data(ep)),
+                comment: None,
+                origin: Some(origin.name.clone()),
+            },
+        );
     }
     k
 }

@@ -391,3 +391,15 @@ pub struct Element {
     /// The Service port this element was built for, for error reports. Not programmed.
     pub origin: Option<Arc<ServicePortName>>,
 }
+
+impl Element {
+    /// Who the element is for, as `explain` shows it: its comment, or else (endpoints maps'
+    /// elements carry none) the Service port it was built for.
+    pub fn label(&self) -> Option<Arc<str>> {
+        self.comment.clone().or_else(|| {
+            self.origin
+                .as_ref()
+                .map(|o| Arc::from(names::comment(&o.to_string())))
+        })
+    }
+}

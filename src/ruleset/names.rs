@@ -143,6 +143,28 @@ pub fn nodeport_pick_map(k: usize) -> String {
     format!("nodeport-pick-{k}-endpoints")
 }
 
+/// The maps whose keys begin the keys of endpoints map `set`'s elements, if `set` is one
+/// (`[nodeport-][local-]pick-<k>-endpoints`): a Service's address . protocol . port, or
+/// protocol . NodePort, before the slot. Elements of endpoints maps carry no comment; the
+/// Service-level element with that key in one of these maps names their Service.
+pub fn endpoint_owner_maps(set: &str) -> Option<&'static [&'static str]> {
+    const ADDRESSES: &[&str] = &[SERVICE_IPS, EXTERNAL_PICKS, EXTERNAL_LOCAL_PICKS];
+    const NODEPORTS: &[&str] = &[SERVICE_NODEPORTS, NODEPORT_PICKS, NODEPORT_LOCAL_PICKS];
+    let pick = set.strip_suffix("-endpoints")?;
+    let (maps, k) = if let Some(k) = pick
+        .strip_prefix("nodeport-local-pick-")
+        .or_else(|| pick.strip_prefix("nodeport-pick-"))
+    {
+        (NODEPORTS, k)
+    } else {
+        let k = pick
+            .strip_prefix("local-pick-")
+            .or_else(|| pick.strip_prefix("pick-"))?;
+        (ADDRESSES, k)
+    };
+    (!k.is_empty() && k.bytes().all(|b| b.is_ascii_digit())).then_some(maps)
+}
+
 /// nft stores comments in userdata and refuses longer ones (NFT_USERDATA_MAXLEN is 256 for the
 /// whole userdata; nft itself caps comments at 128 bytes).
 pub const COMMENT_MAX: usize = 128;
@@ -159,6 +181,39 @@ pub fn comment(text: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoints_maps_name_the_maps_their_keys_begin_with() {
+        for k in [1, 10, 256] {
+            for map in [pick_map(k), local_pick_map(k)] {
+                assert_eq!(
+                    endpoint_owner_maps(&map),
+                    Some(&[SERVICE_IPS, EXTERNAL_PICKS, EXTERNAL_LOCAL_PICKS][..]),
+                    "{map}"
+                );
+            }
+            for map in [nodeport_pick_map(k), nodeport_local_pick_map(k)] {
+                assert_eq!(
+                    endpoint_owner_maps(&map),
+                    Some(&[SERVICE_NODEPORTS, NODEPORT_PICKS, NODEPORT_LOCAL_PICKS][..]),
+                    "{map}"
+                );
+            }
+        }
+        // Affinity's maps keep their comments; they are not endpoints maps in this sense.
+        for prefix in [
+            AFFINITY,
+            AFFINITY_NODEPORT,
+            AFFINITY_LOCAL,
+            AFFINITY_NODEPORT_LOCAL,
+        ] {
+            assert_eq!(endpoint_owner_maps(&affinity_endpoints(prefix)), None);
+            assert_eq!(endpoint_owner_maps(&affinity_pick(prefix)), None);
+        }
+        for other in [SERVICE_IPS, "pick--endpoints", "pick-x-endpoints", "pick-1"] {
+            assert_eq!(endpoint_owner_maps(other), None, "{other}");
+        }
+    }
 
     #[test]
     fn a_comment_is_cut_to_what_nft_accepts_on_a_character_boundary() {

@@ -167,7 +167,7 @@ fn a_hand_edit_shows_its_repair() {
 }
 
 #[test]
-fn removed_elements_are_attributed_by_their_comment() {
+fn removed_elements_are_attributed_by_their_comment_or_their_services_key() {
     let mut st = state();
     add_service(&mut st, "api", "203.0.113.11", "198.51.100.11");
     let mut kernel = programmed(&st);
@@ -179,6 +179,97 @@ fn removed_elements_are_attributed_by_their_comment() {
             .all(|c| c.sign == Sign::Removed && c.owner == Owner::Service(name("api"))),
         "{:#?}",
         lines(&report)
+    );
+    // The endpoint's element has no comment in the kernel: its key names the Service.
+    assert!(
+        report
+            .changes()
+            .iter()
+            .any(|c| c.name == "pick-1-endpoints"),
+        "{:#?}",
+        lines(&report)
+    );
+}
+
+/// `web` with a NodePort and the endpoints `endpoints`.
+fn nodeport_state(endpoints: &[&str]) -> ClusterState {
+    let mut st = state();
+    let web = name("web");
+    let svc = st.services.get_mut(&web).unwrap();
+    svc.ports[0].node_port = Some(30080);
+    let slice = st.slices.values_mut().next().unwrap();
+    let first = slice.endpoints[0].clone();
+    slice.endpoints = endpoints
+        .iter()
+        .map(|addr| crate::model::SliceEndpoint {
+            addr: addr.parse().unwrap(),
+            ..first.clone()
+        })
+        .collect();
+    st
+}
+
+#[test]
+fn endpoint_elements_without_comments_are_shown_under_their_service() {
+    let two = nodeport_state(&["198.51.100.10", "198.51.100.20"]);
+    let mut kernel = programmed(&two);
+    let table = &kernel.tables[&(IpFamily::V4, ruleset::names::TABLE.to_owned())];
+    for map in ["pick-2-endpoints", "nodeport-pick-2-endpoints"] {
+        let elements = &table.sets[map].elements;
+        assert_eq!(elements.len(), 2, "{map}");
+        assert!(elements.values().all(|e| e.userdata.is_none()), "{map}");
+    }
+
+    // One endpoint left: the two-endpoint maps go, their elements under the Service.
+    let report = preview(&mut kernel, &nodeport_state(&["198.51.100.10"]));
+    let text = lines(&report);
+    let removed = |map: &str| {
+        report
+            .changes()
+            .iter()
+            .filter(|c| c.object == Object::Element && c.name == map && c.sign == Sign::Removed)
+            .map(|c| c.owner.clone())
+            .collect::<Vec<_>>()
+    };
+    for map in ["pick-2-endpoints", "nodeport-pick-2-endpoints"] {
+        assert_eq!(
+            removed(map),
+            [Owner::Service(name("web")), Owner::Service(name("web"))],
+            "{map}: {text:#?}"
+        );
+    }
+    assert!(
+        report
+            .changes()
+            .iter()
+            .filter(|c| c.object == Object::Element)
+            .all(|c| c.owner == Owner::Service(name("web"))),
+        "{text:#?}"
+    );
+
+    // A hand-made element whose key no Service-level element has is nobody's.
+    let mut kernel = programmed(&two);
+    let table = kernel
+        .tables_mut()
+        .get_mut(&(IpFamily::V4, ruleset::names::TABLE.to_owned()))
+        .unwrap();
+    let map = table.sets.get_mut("pick-2-endpoints").unwrap();
+    let (key, elem) = map
+        .elements
+        .iter()
+        .next()
+        .map(|(k, e)| (k.clone(), e.clone()))
+        .unwrap();
+    let mut stray = key.to_vec();
+    stray[0] ^= 0x40;
+    map.elements
+        .insert(nft::wire::ElemBytes::from(&stray[..]), elem);
+    let report = preview(&mut kernel, &two);
+    let changes = report.changes();
+    assert_eq!(changes.len(), 1, "{:#?}", lines(&report));
+    assert_eq!(
+        (changes[0].sign, &changes[0].owner),
+        (Sign::Removed, &Owner::Shared)
     );
 }
 

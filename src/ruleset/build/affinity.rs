@@ -422,12 +422,19 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Conte
             continue;
         }
         let k = eps.len();
+        // The pick maps' elements carry no comment (their dispatch element names the Service),
+        // but these maps' keys end in an endpoint address or an index, which `nodeproxy diff`
+        // does not take apart: they keep the Service port's comment, made once per job.
+        let comment: Option<Arc<str>> = eps
+            .iter()
+            .find_map(|(_, e)| e.label())
+            .filter(|c| !c.is_empty());
         let objects = paths.entry(job.path).or_default();
         for (index, (addr, ep)) in eps.into_iter().enumerate() {
             let with = |key: Atoms, data: Option<ElemData>| Element {
                 key,
                 data,
-                comment: ep.comment.clone(),
+                comment: comment.clone(),
                 origin: ep.origin.clone(),
             };
             let pick = job

@@ -117,8 +117,8 @@ impl<'a> Run<'a> {
                 note.push_str(&format!(" : {}", render::atoms(&values.atoms())));
             }
         }
-        if let Some(comment) = &elem.comment {
-            note.push_str(&format!("  ({comment})"));
+        if let Some(label) = elem.label() {
+            note.push_str(&format!("  ({label})"));
         }
         ctx.element = Some(note.clone());
         ctx.notes.push(note);
@@ -276,7 +276,7 @@ impl<'a> Run<'a> {
                 };
                 let dnat = Dnat {
                     target,
-                    comment: elem.comment.clone(),
+                    comment: elem.label(),
                     by: self.rule_ref(ctx),
                 };
                 self.pkt.dst = target.ip();

@@ -76,7 +76,7 @@ impl std::fmt::Display for RuleRef {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dnat {
     pub target: SocketAddr,
-    /// The comment of the map element that chose the target (the Service port it serves).
+    /// The Service port the map element that chose the target serves ([`crate::ruleset::Element::label`]).
     pub comment: Option<Arc<str>>,
     pub by: RuleRef,
 }
