@@ -116,8 +116,11 @@ for size in "${sizes[@]}"; do
     read -r re_unsealed _ _ _ < <(once "$ns-a" "$work/base.json")
     read -r _ ep_kernel _ ep_msgs < <(once "$ns-a" "$work/endpoint.json")
     read -r _ svc_kernel _ svc_msgs < <(once "$ns-a" "$work/service.json")
+    # Every element of both tables: one per comma in an `elements = { … }` block, plus one per
+    # block (no comment, key or value contains a comma).
     elements=$(ip netns exec "$ns-a" "$bin" --dry-run --from-file "$work/base.json" "${args[@]}" 2>/dev/null \
-        | tee "$work/base.nft" | grep -c ' comment "ns' || true)
+        | tee "$work/base.nft" \
+        | awk '/elements = \{/ { inb = 1 } inb { n += gsub(/,/, ",") } inb && /\}/ { n++; inb = 0 } END { print n + 0 }')
     ip netns del "$ns-a"
 
     ip netns add "$ns-b"
