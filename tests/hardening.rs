@@ -715,8 +715,9 @@ fn no_service_can_take_another_services_cluster_ip_and_clashes_are_not_decided_b
         &lock,
     );
     let ruleset = String::from_utf8_lossy(&out.stdout).into_owned();
-    for line in ruleset.lines() {
-        // Endpoints maps' elements carry no comment: their endpoint says whose they are.
+    // Element by element. Endpoints maps' elements carry no comment: their endpoint says whose
+    // they are.
+    for line in ruleset.split([',', '\n', '{', '}']) {
         for (key, owner, endpoint) in [
             (
                 "203.0.113.20 . tcp . 80",
