@@ -139,6 +139,23 @@ fn program(file: &str, lock: &Path) {
     assert!(out.status.success(), "--once failed: {}", stderr(&out));
 }
 
+/// In a fresh network namespace: programs `programmed` with `--once`, runs `between` (to look
+/// at what the kernel holds), then `nodeproxy diff` of `diffed`.
+fn program_then_diff(
+    programmed: String,
+    diffed: String,
+    between: impl FnOnce() + Send + 'static,
+) -> Output {
+    in_netns(move || {
+        let lock = lock_file_for_this_netns();
+        program(&programmed, &lock);
+        between();
+        let out = diff(&diffed, &lock);
+        let _ = std::fs::remove_file(&lock);
+        out
+    })
+}
+
 fn assert_has(lines: &[String], wanted: &[&str]) {
     for line in wanted {
         assert!(
@@ -153,13 +170,7 @@ fn assert_has(lines: &[String], wanted: &[&str]) {
 fn the_same_input_is_no_change() {
     let scratch = Scratch::new("diff", "same");
     let cluster = scratch.file("cluster.yaml", CLUSTER);
-    let out = in_netns(move || {
-        let lock = lock_file_for_this_netns();
-        program(&cluster, &lock);
-        let out = diff(&cluster, &lock);
-        let _ = std::fs::remove_file(&lock);
-        out
-    });
+    let out = program_then_diff(cluster.clone(), cluster, || ());
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), [NO_CHANGES]);
 }
@@ -172,13 +183,7 @@ fn a_changed_endpoint_is_shown_under_its_service() {
         "moved.yaml",
         &CLUSTER.replace("[198.51.100.11]", "[198.51.100.12]"),
     );
-    let out = in_netns(move || {
-        let lock = lock_file_for_this_netns();
-        program(&cluster, &lock);
-        let out = diff(&moved, &lock);
-        let _ = std::fs::remove_file(&lock);
-        out
-    });
+    let out = program_then_diff(cluster, moved, || ());
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
@@ -198,13 +203,7 @@ fn an_added_service_is_all_additions() {
     let scratch = Scratch::new("diff", "added");
     let cluster = scratch.file("cluster.yaml", CLUSTER);
     let more = scratch.file("more.yaml", &format!("{CLUSTER}{API_SERVICE}"));
-    let out = in_netns(move || {
-        let lock = lock_file_for_this_netns();
-        program(&cluster, &lock);
-        let out = diff(&more, &lock);
-        let _ = std::fs::remove_file(&lock);
-        out
-    });
+    let out = program_then_diff(cluster, more, || ());
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let lines = stdout(&out);
     assert_eq!(
@@ -233,18 +232,13 @@ fn a_removed_services_endpoint_elements_are_named_by_their_key() {
     let scratch = Scratch::new("diff", "removed");
     let more = scratch.file("more.yaml", &format!("{CLUSTER}{API_SERVICE}"));
     let cluster = scratch.file("cluster.yaml", CLUSTER);
-    let out = in_netns(move || {
-        let lock = lock_file_for_this_netns();
-        program(&more, &lock);
+    let out = program_then_diff(more, cluster, || {
         let listed = nft(&["list", "map", "ip", "nodeproxy", "pick-1-endpoints"]);
         assert!(
             listed.contains("203.0.113.21 . tcp . 9000 . 0 : 198.51.100.20 . 9000"),
             "{listed}"
         );
         assert!(!listed.contains("comment \"shop/"), "{listed}");
-        let out = diff(&cluster, &lock);
-        let _ = std::fs::remove_file(&lock);
-        out
     });
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert_eq!(

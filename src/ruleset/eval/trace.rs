@@ -76,7 +76,8 @@ impl std::fmt::Display for RuleRef {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dnat {
     pub target: SocketAddr,
-    /// The Service port the map element that chose the target serves ([`crate::ruleset::Element::label`]).
+    /// The Service port the map element that chose the target serves
+    /// ([`crate::ruleset::Element::label`]).
     pub comment: Option<Arc<str>>,
     pub by: RuleRef,
 }
