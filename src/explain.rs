@@ -12,7 +12,7 @@ use ipnet::IpNet;
 
 use crate::model::{ClusterState, Protocol};
 use crate::ruleset::eval::{self, Branch, EvalError, Fate, Origin, Packet, Route, Step, Trace};
-use crate::ruleset::{ChainType, Hook, Ruleset};
+use crate::ruleset::{ChainType, Comment, Hook, Ruleset};
 
 /// What `explain` was asked about. `from: None` means "infer it from the source address".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,7 +234,7 @@ fn step_lines(step: &Step, natted: bool, lines: &mut Vec<String>) {
     }
 }
 
-fn comment(c: &Option<std::sync::Arc<str>>) -> String {
+fn comment(c: &Option<Comment>) -> String {
     c.as_ref().map(|c| format!("  ({c})")).unwrap_or_default()
 }
 

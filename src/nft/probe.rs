@@ -482,7 +482,7 @@ fn build_concat_vmap(family: IpFamily, p: &str) -> Result<WireTable, NftError> {
         typeof_: false,
         elements: vec![element(
             service_atoms(family),
-            Some(ElemData::Verdict(Verdict::Goto(target.clone()))),
+            Some(ElemData::Verdict(Verdict::Goto(target.as_str().into()))),
         )],
         kind: Default::default(),
     };

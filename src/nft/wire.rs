@@ -16,8 +16,8 @@ use super::udata;
 use crate::model::{IpFamily, Protocol, ServicePortName};
 use crate::netlink::{NLA_F_NESTED, len_u32, put_attr, put_str, put_u32_be};
 use crate::ruleset::{
-    AddrField, Atom, Atoms, BaseChain, ChainType, ElemData, Element, Hook, KeyField, Rule, Set,
-    SetData, SetKind, Stmt, Table, Verdict,
+    AddrField, Atom, Atoms, BaseChain, ChainType, Comment, ElemData, Element, Hook, KeyField, Rule,
+    Set, SetData, SetKind, Stmt, Table, Verdict,
 };
 
 /// Our table as the kernel holds it. Creation order is kept for building, not compared.

@@ -17,8 +17,8 @@ use ipnet::IpNet;
 use super::categorize::{NodeView, categorize};
 use super::names;
 use super::{
-    AddrField, Atom, Atoms, BaseChain, Chain, ChainType, ElemData, Element, Hook, KeyField, Rule,
-    Ruleset, Set, SetData, Stmt, Table, Verdict,
+    AddrField, Atom, Atoms, BaseChain, Chain, ChainType, Comment, ElemData, Element, Hook,
+    KeyField, Rule, Ruleset, Set, SetData, Stmt, Table, Verdict,
 };
 use crate::model::{
     ClusterState, Endpoint, IpFamily, Node, ServiceName, ServicePortName, SlicesByService,
@@ -75,7 +75,7 @@ type Elements = Vec<Element>;
 /// The Service port an element serves, formatted once and shared by all its elements.
 struct Origin {
     name: Arc<ServicePortName>,
-    comment: Arc<str>,
+    comment: Comment,
 }
 
 impl Origin {
@@ -89,7 +89,7 @@ impl Origin {
         );
         let _ = write!(text, "{name}");
         Origin {
-            comment: Arc::from(names::comment(&text)),
+            comment: Comment::from(names::comment(&text)),
             name: Arc::new(name),
         }
     }
@@ -240,7 +240,7 @@ fn radix_sort(items: &mut Vec<Ranked>) {
 }
 
 fn goto(chain: String) -> Option<ElemData> {
-    Some(ElemData::Verdict(Verdict::Goto(chain)))
+    Some(ElemData::Verdict(Verdict::Goto(chain.into())))
 }
 
 /// Elements of the maps that `pick` chains read, by endpoint count `k`.
@@ -259,14 +259,8 @@ struct Collected {
     no_endpoint_services: Elements,
     no_endpoint_nodeports: Elements,
     hairpin: Elements,
-    /// `pick-<k>-endpoints`: service address (ClusterIP or external) . proto . port . slot.
-    picks: Picks,
-    /// `local-pick-<k>-endpoints`: external address . proto . port . slot, local endpoints.
-    local_picks: Picks,
-    /// `nodeport-pick-<k>-endpoints`: proto . NodePort . slot, cluster-wide endpoints.
-    np_picks: Picks,
-    /// `nodeport-local-pick-<k>-endpoints`: proto . NodePort . slot, local endpoints.
-    np_local_picks: Picks,
+    /// The elements of the four kinds of `pick` maps, made once they are all known.
+    picks: PendingPicks,
 }
 
 /// The endpoints of `family`, the only ones a table of that family can DNAT to.
@@ -277,35 +271,122 @@ fn of_family(endpoints: Vec<Endpoint<'_>>, family: IpFamily) -> Vec<Endpoint<'_>
         .collect()
 }
 
-/// Adds the `k` slot elements of one key to the `pick` map for `k = endpoints.len()` and returns
-/// `k`. `endpoints` is never empty here (callers send empty lists to reject/drop instead).
-fn add_picks(
-    picks: &mut Picks,
-    key_prefix: &[Atom],
-    endpoints: &[Endpoint<'_>],
-    origin: &Origin,
-) -> usize {
-    let k = endpoints.len();
-    let elements = picks.entry(k).or_default();
-    let prefix = Atoms::new(key_prefix);
-    for (slot, ep) in endpoints.iter().enumerate() {
-        let key = prefix.then(slot_atom(slot));
-        // No comment: the Service-level element whose key begins this one (the `goto` to the
-        // pick chain) carries it, and `nodeproxy diff` names the Service by that key
-        // ([`names::endpoint_owner_maps`]). Comments on these (125k of 145k elements at 10k
-        // Services x 10) were 3 of a cold batch's 10 MB, with the kernel time and read-back
-        // they cost (docs/performance.md, "Element comments").
-        insert(
-            elements,
-            Element {
-                key,
-                data: Some(endpoint_data(ep)),
-                comment: None,
-                origin: Some(origin.name.clone()),
-            },
-        );
+/// The kinds of `pick` maps, in [`layout::PICK_KINDS`]' order.
+#[derive(Clone, Copy)]
+enum PickMap {
+    /// `pick-<k>-endpoints`: service address (ClusterIP or external) . proto . port . slot.
+    Cluster = 0,
+    /// `local-pick-<k>-endpoints`: external address . proto . port . slot, local endpoints.
+    Local = 1,
+    /// `nodeport-pick-<k>-endpoints`: proto . NodePort . slot, cluster-wide endpoints.
+    NodePort = 2,
+    /// `nodeport-local-pick-<k>-endpoints`: proto . NodePort . slot, local endpoints.
+    NodePortLocal = 3,
+}
+
+/// A list of endpoints recorded in [`PendingPicks::endpoints`].
+#[derive(Clone, Copy)]
+struct Span {
+    start: usize,
+    len: usize,
+}
+
+/// One key's slot elements, to be made by [`PendingPicks::into_picks`].
+struct PendingKey {
+    map: PickMap,
+    prefix: Atoms,
+    origin: Arc<ServicePortName>,
+    endpoints: Span,
+}
+
+/// The `pick` maps' elements, recorded while collecting and made at the end, when each
+/// vector's length is known and it can be allocated once. Grown by doubling instead, the
+/// largest (100k elements at 10k Services x 10) had left its 0.75 + 1.5 + 3 + 6 MiB of earlier
+/// buffers freed but resident (jemalloc keeps freed pages for its decay time) at the build's
+/// peak; the record costs 20 bytes per endpoint list entry and one `PendingKey` per key
+/// (docs/performance.md, "The `--once` peak's floor").
+#[derive(Default)]
+struct PendingPicks {
+    /// Address and port of the endpoints of every list recorded; ClusterIP, external
+    /// addresses and NodePort of a Service port share its lists.
+    endpoints: Vec<(IpAddr, u16)>,
+    keys: Vec<PendingKey>,
+    /// Elements per map kind and endpoint count.
+    counts: [BTreeMap<usize, usize>; 4],
+}
+
+impl PendingPicks {
+    fn record(&mut self, endpoints: &[Endpoint<'_>]) -> Span {
+        let start = self.endpoints.len();
+        self.endpoints
+            .extend(endpoints.iter().map(|ep| (ep.addr, ep.port)));
+        Span {
+            start,
+            len: endpoints.len(),
+        }
     }
-    k
+
+    /// Records the `k` slot elements of one key for the `pick` map of `map` for
+    /// `k = endpoints.len`, and returns `k`. `endpoints` is never empty here (callers send
+    /// empty lists to reject/drop instead).
+    fn add(
+        &mut self,
+        map: PickMap,
+        key_prefix: &[Atom],
+        endpoints: Span,
+        origin: &Origin,
+    ) -> usize {
+        let k = endpoints.len;
+        *self.counts[map as usize].entry(k).or_default() += k;
+        self.keys.push(PendingKey {
+            map,
+            prefix: Atoms::new(key_prefix),
+            origin: origin.name.clone(),
+            endpoints,
+        });
+        k
+    }
+
+    /// The elements of each kind of map, by endpoint count, in the order their keys were
+    /// recorded.
+    fn into_picks(self) -> [Picks; 4] {
+        let mut picks = self.counts.map(|counts| {
+            counts
+                .into_iter()
+                .map(|(k, count)| (k, Elements::with_capacity(count)))
+                .collect::<Picks>()
+        });
+        for pending in self.keys {
+            let list = self
+                .endpoints
+                .get(pending.endpoints.start..pending.endpoints.start + pending.endpoints.len)
+                .unwrap_or_default();
+            let elements = picks[pending.map as usize]
+                .entry(pending.endpoints.len)
+                .or_default();
+            for (slot, &(addr, port)) in list.iter().enumerate() {
+                // No comment: the Service-level element whose key begins this one (the `goto`
+                // to the pick chain) carries it, and `nodeproxy diff` names the Service by that
+                // key ([`names::endpoint_owner_maps`]). Comments on these (125k of 145k
+                // elements at 10k Services x 10) were 3 of a cold batch's 10 MB, with the
+                // kernel time and read-back they cost (docs/performance.md, "Element
+                // comments").
+                insert(
+                    elements,
+                    Element {
+                        key: pending.prefix.then(slot_atom(slot)),
+                        data: Some(ElemData::Value(Atoms::new(&[
+                            Atom::Addr(addr),
+                            Atom::Port(port),
+                        ]))),
+                        comment: None,
+                        origin: Some(pending.origin.clone()),
+                    },
+                );
+            }
+        }
+        picks
+    }
 }
 
 /// The addresses NodePorts answer on for `family`, from the Node object: its primary InternalIP
@@ -334,7 +415,7 @@ fn nodeport_addresses(settings: &Settings, node: Option<&Node>, family: IpFamily
         out.push(Element {
             key: Atoms::new(&[Atom::Addr(ip)]),
             data: None,
-            comment: Some(Arc::from(names::comment(&comment))),
+            comment: Some(Comment::from(names::comment(&comment))),
             origin: None,
         });
     }
@@ -431,10 +512,12 @@ fn collect(
 
             // ClusterIP: internalTrafficPolicy picks the list. Local without a local endpoint
             // drops: there are endpoints, just none this policy may use.
-            let internal = if internal_local {
-                &eps.local
+            let cluster = c.picks.record(&eps.cluster);
+            let local = c.picks.record(&eps.local);
+            let (internal, internal_list) = if internal_local {
+                (&eps.local, local)
             } else {
-                &eps.cluster
+                (&eps.cluster, cluster)
             };
             if keeps_cluster_ip && internal.is_empty() {
                 insert(
@@ -442,7 +525,9 @@ fn collect(
                     element(&service_key, drop(), &origin),
                 );
             } else if keeps_cluster_ip {
-                let k = add_picks(&mut c.picks, &service_key, internal, &origin);
+                let k = c
+                    .picks
+                    .add(PickMap::Cluster, &service_key, internal_list, &origin);
                 insert(
                     &mut c.service_ips,
                     element(&service_key, goto(names::pick_chain(k)), &origin),
@@ -464,7 +549,7 @@ fn collect(
                     &mut c.service_ips,
                     element(&key, goto(ext_chain.into()), &origin),
                 );
-                let k = add_picks(&mut c.picks, &key, &eps.cluster, &origin);
+                let k = c.picks.add(PickMap::Cluster, &key, cluster, &origin);
                 insert(
                     &mut c.external_picks,
                     element(&key, goto(names::pick_chain(k)), &origin),
@@ -475,7 +560,7 @@ fn collect(
                 if eps.local.is_empty() {
                     insert(&mut c.no_endpoint_services, element(&key, drop(), &origin));
                 } else {
-                    let k = add_picks(&mut c.local_picks, &key, &eps.local, &origin);
+                    let k = c.picks.add(PickMap::Local, &key, local, &origin);
                     insert(
                         &mut c.external_local_picks,
                         element(&key, goto(names::local_pick_chain(k)), &origin),
@@ -487,7 +572,7 @@ fn collect(
                     &mut c.service_nodeports,
                     element(&np_key, goto(np_chain.into()), &origin),
                 );
-                let k = add_picks(&mut c.np_picks, &np_key, &eps.cluster, &origin);
+                let k = c.picks.add(PickMap::NodePort, &np_key, cluster, &origin);
                 insert(
                     &mut c.nodeport_picks,
                     element(&np_key, goto(names::nodeport_pick_chain(k)), &origin),
@@ -499,7 +584,7 @@ fn collect(
                             element(&np_key, drop(), &origin),
                         );
                     } else {
-                        let k = add_picks(&mut c.np_local_picks, &np_key, &eps.local, &origin);
+                        let k = c.picks.add(PickMap::NodePortLocal, &np_key, local, &origin);
                         insert(
                             &mut c.nodeport_local_picks,
                             element(&np_key, goto(names::nodeport_local_pick_chain(k)), &origin),
@@ -538,10 +623,6 @@ fn collect(
 
 fn slot_atom(slot: usize) -> Atom {
     Atom::Int(u32::try_from(slot).unwrap_or(u32::MAX))
-}
-
-fn endpoint_data(ep: &Endpoint<'_>) -> ElemData {
-    ElemData::Value(Atoms::new(&[Atom::Addr(ep.addr), Atom::Port(ep.port)]))
 }
 
 /// A set of `elements`, finished: the Services of a key more than one of them claims go into
@@ -583,7 +664,7 @@ fn base(kind: ChainType, hook: Hook, priority: i32) -> Option<BaseChain> {
 }
 
 fn jump(chain: &str) -> Stmt {
-    Stmt::Verdict(Verdict::Jump(chain.to_string()))
+    Stmt::Verdict(Verdict::Jump(chain.into()))
 }
 
 fn service_key() -> Vec<KeyField> {

@@ -33,9 +33,9 @@
 //!   the destination the packet arrived with. A `jhash` is a hash of the same fields, not the
 //!   kernel's value: only the evaluator reads the keys it writes.
 
+use crate::ruleset::Comment;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use super::render;
 use super::{

@@ -11,6 +11,7 @@ pub mod eval;
 pub mod names;
 pub mod render;
 
+use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -260,12 +261,15 @@ pub enum Stmt {
     Verdict(Verdict),
 }
 
+/// A chain's name is shared, not owned: a verdict map's elements name a handful of chains
+/// (`pick-<k>`, the traffic-policy chains, `reject-chain`), and as a `String` each of its tens of
+/// thousands of elements carried a copy, 8 bytes more per `Element` besides.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Verdict {
     Accept,
     Drop,
-    Jump(String),
-    Goto(String),
+    Jump(Arc<str>),
+    Goto(Arc<str>),
     /// Back to the rule after the last `jump` (the base chain's policy when there is none).
     Return,
 }
@@ -381,13 +385,66 @@ pub enum ElemData {
     Value(Atoms),
 }
 
+/// An element's comment, shared by all elements of one Service port. A thin pointer (8 bytes,
+/// where `Arc<str>` is 16) as every desired element has room for one: 150k elements at 10k
+/// Services x 10, all alive at the start-up sync's peak.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Comment(Arc<Box<str>>);
+
+impl Comment {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether both are the same shared text, not only equal texts.
+    pub fn same(&self, other: &Comment) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The shared text's address, which identifies it while it lives.
+    pub fn addr(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+}
+
+impl std::ops::Deref for Comment {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Comment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for Comment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&str> for Comment {
+    fn from(text: &str) -> Comment {
+        Comment(Arc::new(text.into()))
+    }
+}
+
+impl From<String> for Comment {
+    fn from(text: String) -> Comment {
+        Comment(Arc::new(text.into_boxed_str()))
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Element {
     pub key: Atoms,
     pub data: Option<ElemData>,
     /// Rendered as the element's nft comment (the Service port it serves). Shared by all
     /// elements of one Service port: at 10k services there are hundreds of thousands.
-    pub comment: Option<Arc<str>>,
+    pub comment: Option<Comment>,
     /// The Service port this element was built for, for error reports. Not programmed.
     pub origin: Option<Arc<ServicePortName>>,
 }
@@ -395,11 +452,11 @@ pub struct Element {
 impl Element {
     /// Who the element is for, as `explain` shows it: its comment, or else (endpoints maps'
     /// elements carry none) the Service port it was built for.
-    pub fn label(&self) -> Option<Arc<str>> {
+    pub fn label(&self) -> Option<Comment> {
         self.comment.clone().or_else(|| {
             self.origin
                 .as_ref()
-                .map(|o| Arc::from(names::comment(&o.to_string())))
+                .map(|o| Comment::from(names::comment(&o.to_string())))
         })
     }
 }

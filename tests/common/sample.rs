@@ -21,7 +21,7 @@ pub fn elem(key: Vec<Atom>, data: Option<ElemData>, origin: Option<ServicePortNa
     Element {
         key: key.into(),
         data,
-        comment: origin.as_ref().map(|o| std::sync::Arc::from(o.to_string())),
+        comment: origin.as_ref().map(|o| o.to_string().into()),
         origin: origin.map(std::sync::Arc::new),
     }
 }

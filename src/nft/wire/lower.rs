@@ -360,7 +360,8 @@ pub(super) fn lower_set<E: Borrow<Element>>(
     shared: &mut Shared,
 ) -> Result<WireSet, NftError> {
     let mut ws = set_definition(family, table_desc, set)?;
-    let mut wire_elements = Elements::default();
+    let elements = elements.into_iter();
+    let mut wire_elements = Elements::with_capacity(elements.size_hint().0);
     lower_elements(
         family,
         table_desc,
@@ -438,14 +439,14 @@ pub(super) struct Shared {
 }
 
 /// A comment's text and its userdata.
-type SharedComment = (Arc<str>, Arc<Vec<u8>>);
+type SharedComment = (Comment, Arc<Vec<u8>>);
 
 impl Shared {
     /// The userdata of comment `text`, made once per table: per set, as it was, each Service
     /// port's comment was encoded again in every set it has elements in (udata::comment was a
     /// fifth of lowering's instructions at 50k Services).
-    fn comment(&mut self, text: &Arc<str>) -> Arc<Vec<u8>> {
-        let at = Arc::as_ptr(text).cast::<u8>() as usize;
+    fn comment(&mut self, text: &Comment) -> Arc<Vec<u8>> {
+        let at = text.addr();
         match self.comments.get(&at) {
             Some((_, shared)) => shared.clone(),
             None => {
@@ -468,7 +469,7 @@ fn lower_elements<E: Borrow<Element>>(
     out: &mut Elements,
 ) -> Result<(), NftError> {
     let interval = set.kind == SetKind::Interval;
-    let mut last_comment: Option<(Arc<str>, Arc<Vec<u8>>)> = None;
+    let mut last_comment: Option<SharedComment> = None;
     let mut scratch = Vec::with_capacity(64);
     for e in elements {
         let e = e.borrow();
@@ -508,7 +509,7 @@ fn lower_elements<E: Borrow<Element>>(
             // A Service port's elements are next to each other in most maps (sorted by the
             // Service's address), and share one comment: the last one is checked first.
             if let Some((text, userdata)) = &last_comment
-                && Arc::ptr_eq(text, c)
+                && text.same(c)
             {
                 return userdata.clone();
             }
@@ -541,6 +542,14 @@ impl Default for Elements {
 }
 
 impl Elements {
+    /// Room for `n` elements in ascending order, allocated once: grown by doubling, the
+    /// vector of a 100k-element map left its earlier buffers (1.75 and 3.5 MiB at 10k
+    /// Services x 10) freed but resident, as jemalloc keeps freed pages for its decay time,
+    /// while the start-up peak was reached.
+    fn with_capacity(n: usize) -> Elements {
+        Elements::Ascending(Vec::with_capacity(n))
+    }
+
     /// Adds an element; `false` if its key is already there.
     fn insert(&mut self, key: ElemBytes, elem: WireElem) -> bool {
         match self {
@@ -678,12 +687,16 @@ fn lower_split(
     let later: Vec<Vec<Element>> = lists.drain(meet + 1..).collect();
     lists.pop();
     let (head_part, tail_part) = shared.split_at_mut(head_len);
+    // The first half's vector of the shared set has room for both halves, which are joined
+    // into it.
+    let shared_len = head_part.len() + tail_part.len();
+    let tail_len = tail_part.len();
     let head_work: Vec<Part<'_>> = lists
         .into_iter()
         .map(Part::Whole)
-        .chain([Part::Share(head_part)])
+        .chain([Part::Share(head_part, shared_len)])
         .collect();
-    let tail_work: Vec<Part<'_>> = [Part::Share(tail_part)]
+    let tail_work: Vec<Part<'_>> = [Part::Share(tail_part, tail_len)]
         .into_iter()
         .chain(later.into_iter().map(Part::Whole))
         .collect();
@@ -750,8 +763,9 @@ type Run = (Vec<(WireSet, Elements)>, Result<(), NftError>);
 enum Part<'e> {
     Whole(Vec<Element>),
     /// Part of the list of the set the halves meet in: each element is taken out (and freed once
-    /// encoded), the list's buffer goes when both halves are done.
-    Share(&'e mut [Element]),
+    /// encoded), the list's buffer goes when both halves are done. Then the room to make for
+    /// the lowered elements.
+    Share(&'e mut [Element], usize),
 }
 
 /// Lowers the definitions of `sets` and, in order, the elements of each from `parts` (one per
@@ -764,7 +778,10 @@ fn lower_run(family: IpFamily, desc: &str, sets: &[Set], parts: Vec<Part<'_>>) -
             Ok(ws) => ws,
             Err(e) => return (done, Err(e)),
         };
-        let mut elements = Elements::default();
+        let mut elements = Elements::with_capacity(match &part {
+            Part::Whole(list) => list.len(),
+            Part::Share(_, room) => *room,
+        });
         let out = &mut elements;
         let result = match part {
             Part::Whole(list) => {
@@ -774,7 +791,7 @@ fn lower_run(family: IpFamily, desc: &str, sets: &[Set], parts: Vec<Part<'_>>) -
                 *out = Elements::Map(std::mem::take(out).into_map());
                 result
             }
-            Part::Share(list) => {
+            Part::Share(list, _) => {
                 let list = list.iter_mut().map(std::mem::take);
                 lower_elements(family, desc, set, list, &mut shared, out)
             }

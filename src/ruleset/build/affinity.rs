@@ -87,7 +87,8 @@ use super::{Contested, Elements, chain, goto, set};
 use crate::model::{ClusterState, IpFamily, ServicePortName};
 use crate::ruleset::names;
 use crate::ruleset::{
-    Atom, Atoms, ElemData, Element, HashInput, KeyField, SetData, SetKind, Stmt, Table, Verdict,
+    Atom, Atoms, Comment, ElemData, Element, HashInput, KeyField, SetData, SetKind, Stmt, Table,
+    Verdict,
 };
 
 /// The modulus a `pick` map's `typeof` names: only its type matters (a 32-bit integer); one
@@ -425,7 +426,7 @@ pub(super) fn add(state: &ClusterState, table: &mut Table, contested: &mut Conte
         // The pick maps' elements carry no comment (their dispatch element names the Service),
         // but these maps' keys end in an endpoint address or an index, which `nodeproxy diff`
         // does not take apart: they keep the Service port's comment, made once per job.
-        let comment: Option<Arc<str>> = eps
+        let comment: Option<Comment> = eps
             .iter()
             .find_map(|(_, e)| e.label())
             .filter(|c| !c.is_empty());
@@ -554,7 +555,7 @@ impl PathObjects {
                             key: pin_key.clone(),
                             map: path.pins_map(),
                         },
-                        Stmt::Verdict(Verdict::Jump(path.pinned_chain(timeout))),
+                        Stmt::Verdict(Verdict::Jump(path.pinned_chain(timeout).into())),
                     ],
                     vec![Stmt::DaddrFromMap {
                         key: path.pick_key(k),
@@ -575,7 +576,7 @@ impl PathObjects {
 /// chains and maps that affinity emptied and nothing
 /// references any more, so the table shows only what is in use.
 fn drop_unused_picks(table: &mut Table) {
-    let referenced: BTreeSet<String> = table
+    let referenced: BTreeSet<Arc<str>> = table
         .sets
         .iter()
         .flat_map(|s| s.elements.iter())
@@ -596,7 +597,7 @@ fn drop_unused_picks(table: &mut Table) {
             return true;
         };
         let empty = table_set_empty(&table.sets, &map);
-        if empty && !referenced.contains(&c.name) {
+        if empty && !referenced.contains(c.name.as_str()) {
             gone_maps.insert(map);
             false
         } else {

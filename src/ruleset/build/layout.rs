@@ -255,11 +255,7 @@ pub(super) fn build_table(
     ]);
 
     let mut pick_chains = Vec::new();
-    for (kind, picks) in
-        PICK_KINDS
-            .iter()
-            .zip([c.picks, c.local_picks, c.np_picks, c.np_local_picks])
-    {
+    for (kind, picks) in PICK_KINDS.iter().zip(c.picks.into_picks()) {
         pick_objects(kind, picks, &mut sets, &mut pick_chains, contested);
     }
 

@@ -346,7 +346,7 @@ fn tagged(key: Vec<Atom>, i: usize) -> Element {
     Element {
         key: key.into(),
         data: None,
-        comment: Some(Arc::from(i.to_string())),
+        comment: Some(Comment::from(i.to_string())),
         origin: None,
     }
 }

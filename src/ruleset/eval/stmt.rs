@@ -413,8 +413,8 @@ fn terminal(v: &Verdict) -> Terminal {
     match v {
         Verdict::Accept => Terminal::Accept,
         Verdict::Drop => Terminal::Drop,
-        Verdict::Jump(c) => Terminal::Jump(c.clone()),
-        Verdict::Goto(c) => Terminal::Goto(c.clone()),
+        Verdict::Jump(c) => Terminal::Jump(c.to_string()),
+        Verdict::Goto(c) => Terminal::Goto(c.to_string()),
         Verdict::Return => Terminal::Return,
     }
 }

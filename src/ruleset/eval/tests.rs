@@ -2,8 +2,8 @@
 //! the errors for what is not modelled. Each rule that should run sets a distinct mark bit so
 //! the trace shows exactly which rules ran, in which order.
 
+use crate::ruleset::Comment;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use super::*;
 use crate::ruleset::{BaseChain, ChainType, Element, Hook, Rule, Set, Table};
@@ -395,7 +395,7 @@ fn dnat_map(name: &str, targets: &[&str]) -> Set {
                     data: Some(ElemData::Value(
                         [Atom::Addr(t.ip()), Atom::Port(t.port())].into(),
                     )),
-                    comment: Some(Arc::from(format!("{name} slot {slot}"))),
+                    comment: Some(Comment::from(format!("{name} slot {slot}"))),
                     origin: None,
                 }
             })
@@ -493,7 +493,7 @@ fn nested_numgens_enumerate_every_combination() {
         elements: (0..2)
             .map(|slot| Element {
                 key: pick(slot).into(),
-                data: Some(ElemData::Verdict(Verdict::Goto(format!("c{slot}")))),
+                data: Some(ElemData::Verdict(Verdict::Goto(format!("c{slot}").into()))),
                 comment: None,
                 origin: None,
             })

@@ -78,7 +78,7 @@ pub struct Dnat {
     pub target: SocketAddr,
     /// The Service port the map element that chose the target serves
     /// ([`crate::ruleset::Element::label`]).
-    pub comment: Option<Arc<str>>,
+    pub comment: Option<Comment>,
     pub by: RuleRef,
 }
 

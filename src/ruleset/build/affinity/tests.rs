@@ -124,7 +124,7 @@ fn verdict_of(table: &Table, map: &str, key: &[Atom]) -> String {
         .find(|e| e.key == key)
         .unwrap_or_else(|| panic!("no {key:?} in {map}"));
     match &e.data {
-        Some(ElemData::Verdict(Verdict::Goto(c))) => c.clone(),
+        Some(ElemData::Verdict(Verdict::Goto(c))) => c.to_string(),
         other => panic!("{other:?}"),
     }
 }
