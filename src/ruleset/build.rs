@@ -239,6 +239,25 @@ fn radix_sort(items: &mut Vec<Ranked>) {
     }
 }
 
+/// `goto` verdicts with one shared name per chain: a verdict map's tens of thousands of
+/// elements name a handful of chains.
+#[derive(Default)]
+struct Gotos(HashMap<String, Arc<str>>);
+
+impl Gotos {
+    fn to(&mut self, chain: &str) -> Option<ElemData> {
+        let name = match self.0.get(chain) {
+            Some(name) => name.clone(),
+            None => {
+                let name: Arc<str> = Arc::from(chain);
+                self.0.insert(chain.to_owned(), name.clone());
+                name
+            }
+        };
+        Some(ElemData::Verdict(Verdict::Goto(name)))
+    }
+}
+
 fn goto(chain: String) -> Option<ElemData> {
     Some(ElemData::Verdict(Verdict::Goto(chain.into())))
 }
@@ -440,7 +459,9 @@ fn collect(
         name: &settings.node_name,
         zone: node.and_then(|n| n.zone.as_deref()),
     };
-    let reject = || goto(names::REJECT_CHAIN.into());
+    let mut gotos = Gotos::default();
+    let reject = gotos.to(names::REJECT_CHAIN);
+    let reject = || reject.clone();
     let drop = || Some(ElemData::Verdict(Verdict::Drop));
 
     for svc in state.services.values() {
@@ -530,7 +551,7 @@ fn collect(
                     .add(PickMap::Cluster, &service_key, internal_list, &origin);
                 insert(
                     &mut c.service_ips,
-                    element(&service_key, goto(names::pick_chain(k)), &origin),
+                    element(&service_key, gotos.to(&names::pick_chain(k)), &origin),
                 );
             }
 
@@ -547,12 +568,12 @@ fn collect(
                 let key = [Atom::Addr(*addr), proto, svc_port];
                 insert(
                     &mut c.service_ips,
-                    element(&key, goto(ext_chain.into()), &origin),
+                    element(&key, gotos.to(ext_chain), &origin),
                 );
                 let k = c.picks.add(PickMap::Cluster, &key, cluster, &origin);
                 insert(
                     &mut c.external_picks,
-                    element(&key, goto(names::pick_chain(k)), &origin),
+                    element(&key, gotos.to(&names::pick_chain(k)), &origin),
                 );
                 if !external_local {
                     continue;
@@ -563,19 +584,19 @@ fn collect(
                     let k = c.picks.add(PickMap::Local, &key, local, &origin);
                     insert(
                         &mut c.external_local_picks,
-                        element(&key, goto(names::local_pick_chain(k)), &origin),
+                        element(&key, gotos.to(&names::local_pick_chain(k)), &origin),
                     );
                 }
             }
             if let Some(np_key) = np_key {
                 insert(
                     &mut c.service_nodeports,
-                    element(&np_key, goto(np_chain.into()), &origin),
+                    element(&np_key, gotos.to(np_chain), &origin),
                 );
                 let k = c.picks.add(PickMap::NodePort, &np_key, cluster, &origin);
                 insert(
                     &mut c.nodeport_picks,
-                    element(&np_key, goto(names::nodeport_pick_chain(k)), &origin),
+                    element(&np_key, gotos.to(&names::nodeport_pick_chain(k)), &origin),
                 );
                 if external_local {
                     if eps.local.is_empty() {
@@ -587,7 +608,11 @@ fn collect(
                         let k = c.picks.add(PickMap::NodePortLocal, &np_key, local, &origin);
                         insert(
                             &mut c.nodeport_local_picks,
-                            element(&np_key, goto(names::nodeport_local_pick_chain(k)), &origin),
+                            element(
+                                &np_key,
+                                gotos.to(&names::nodeport_local_pick_chain(k)),
+                                &origin,
+                            ),
                         );
                     }
                 }
