@@ -94,7 +94,6 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                         }),
                         None,
                     ),
-                    hints: None,
                 }
             })
             .collect();

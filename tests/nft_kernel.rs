@@ -554,7 +554,6 @@ fn add_bulk(
                     terminating: false,
                 },
                 locality: Locality::of(Some("node-b".into()), None),
-                hints: None,
             }],
         };
         st.slices.insert(slice.name.clone(), slice);

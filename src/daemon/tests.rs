@@ -354,7 +354,6 @@ fn ep(addr: &str, node: &str, ready: bool) -> SliceEndpoint {
             terminating: !ready,
         },
         locality: Locality::of(Some(node.into()), None),
-        hints: None,
     }
 }
 
@@ -653,7 +652,6 @@ fn random_slice(rng: &mut Rng, n: usize) -> EndpointSlice {
                         .map(Arc::from),
                     None,
                 ),
-                hints: None,
             }
         })
         .collect();

@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 
 use super::{
-    Conditions, EndpointSlice, Hints, IpFamily, NameTable, Node, Protocol, Rejected, Service,
-    ServiceName, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+    Conditions, EndpointSlice, Hints, IpFamily, Locality, NameTable, Node, Protocol, Rejected,
+    Service, ServiceName, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
 };
 
 /// Objects with this label belong to another proxy.
@@ -465,7 +465,8 @@ fn cluster_ips(ctx: &Ctx, spec: &core::ServiceSpec) -> Result<Vec<IpAddr>, Rejec
 }
 
 fn service_ports(ctx: &Ctx, spec: &core::ServiceSpec) -> Result<Vec<ServicePort>, Rejected> {
-    let mut ports = Vec::new();
+    // Sized up front, like a slice's ports: the model keeps the vector as it is.
+    let mut ports = Vec::with_capacity(spec.ports.as_ref().map_or(0, Vec::len));
     let mut seen_names = BTreeSet::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let name = p.name.clone().unwrap_or_default();

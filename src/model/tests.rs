@@ -21,7 +21,6 @@ fn endpoints_prefer_non_terminating_duplicate() {
                 terminating,
             },
             locality: None,
-            hints: None,
         }],
     };
     let mut state = ClusterState::default();
@@ -124,10 +123,48 @@ fn a_service_name_is_its_namespace_and_name_compared_as_that_pair() {
 }
 
 #[test]
-fn an_endpoint_is_forty_bytes() {
+fn an_endpoint_is_thirty_two_bytes() {
     // docs/performance.md ("Node and zone names shared"): the model holds 100k of these at 10k
     // Services × 10 endpoints.
-    assert_eq!(std::mem::size_of::<SliceEndpoint>(), 40);
+    assert_eq!(std::mem::size_of::<SliceEndpoint>(), 32);
+}
+
+#[test]
+fn hints_are_set_on_the_endpoint_alone_keeping_its_node_and_zone() {
+    let mut names = NameTable::default();
+    let ep = |locality| SliceEndpoint {
+        addr: "192.0.2.10".parse().unwrap(),
+        conditions: Conditions {
+            ready: true,
+            serving: true,
+            terminating: false,
+        },
+        locality,
+    };
+    let mut hinted = ep(names.locality(Some("node-a"), Some("zone-a")));
+    let plain = ep(names.locality(Some("node-a"), Some("zone-a")));
+    hinted.set_hints(Hints::new(vec!["zone-b".into()], vec![]));
+    assert_eq!(hinted.zone_hints(), ["zone-b"]);
+    assert_eq!(
+        (hinted.node_name(), hinted.zone()),
+        (Some("node-a"), Some("zone-a"))
+    );
+    // The locality the two shared is not changed under the other endpoint.
+    assert!(plain.hints().is_none());
+    assert_eq!(
+        plain.locality,
+        names.locality(Some("node-a"), Some("zone-a"))
+    );
+    hinted.set_hints(None);
+    assert!(hinted.hints().is_none());
+    assert_eq!(hinted.locality, plain.locality);
+    // Hints alone, with neither node nor zone, are kept; removing them leaves nothing.
+    let mut bare = ep(None);
+    bare.set_hints(Hints::new(vec![], vec!["node-b".into()]));
+    assert_eq!(bare.node_hints(), ["node-b"]);
+    assert_eq!(bare.node_name(), None);
+    bare.set_hints(None);
+    assert_eq!(bare.locality, None);
 }
 
 #[test]

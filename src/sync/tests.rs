@@ -44,7 +44,6 @@ pub(crate) fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint:
                 terminating: false,
             },
             locality: Locality::of(Some("node-b".into()), None),
-            hints: None,
         }],
     };
     state.slices.insert(slice.name.clone(), slice);
@@ -634,25 +633,27 @@ fn random_endpoint(rng: &mut Rng, i: usize, family: IpFamily) -> SliceEndpoint {
             serving: ready || rng.chance(1, 2),
             terminating: rng.chance(1, 4),
         },
-        locality: Locality::of(
-            match rng.below(5) {
-                0 | 1 => Some("node-a".into()),
-                2 | 3 => Some("node-b".into()),
-                _ => None,
-            },
-            Some((*rng.pick(&["zone-a", "zone-b"])).into()),
-        ),
-        hints: Hints::new(
-            if hinted {
-                vec![rng.pick(&["zone-a", "zone-b"]).to_string()]
-            } else {
-                vec![]
-            },
-            if rng.chance(1, 8) {
-                vec![rng.pick(&["node-a", "node-b"]).to_string()]
-            } else {
-                vec![]
-            },
+        locality: Locality::with_hints(
+            Locality::of(
+                match rng.below(5) {
+                    0 | 1 => Some("node-a".into()),
+                    2 | 3 => Some("node-b".into()),
+                    _ => None,
+                },
+                Some((*rng.pick(&["zone-a", "zone-b"])).into()),
+            ),
+            Hints::new(
+                if hinted {
+                    vec![rng.pick(&["zone-a", "zone-b"]).to_string()]
+                } else {
+                    vec![]
+                },
+                if rng.chance(1, 8) {
+                    vec![rng.pick(&["node-a", "node-b"]).to_string()]
+                } else {
+                    vec![]
+                },
+            ),
         ),
     }
 }
@@ -736,9 +737,13 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                                         Some("node-a") => "node-b",
                                         _ => "node-a",
                                     };
-                                    ep.locality = Locality::of(
-                                        Some(node.into()),
-                                        ep.zone().map(std::sync::Arc::from),
+                                    let hints = ep.hints().cloned().map(Box::new);
+                                    ep.locality = Locality::with_hints(
+                                        Locality::of(
+                                            Some(node.into()),
+                                            ep.zone().map(std::sync::Arc::from),
+                                        ),
+                                        hints,
                                     );
                                 }
                                 _ => {
@@ -747,7 +752,7 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                                     } else {
                                         vec![]
                                     };
-                                    ep.hints = Hints::new(zones, ep.node_hints().to_vec());
+                                    ep.set_hints(Hints::new(zones, ep.node_hints().to_vec()));
                                 }
                             }
                         }
@@ -1091,6 +1096,17 @@ fn the_element_index_stays_bounded_over_many_change_syncs() {
         "index grew to {most} bytes (after the full sync: {after_full})"
     );
     assert!(syncer.kernel().tables == full_tables(&st, &settings()).tables);
+}
+
+#[test]
+fn what_the_baseline_keeps_after_a_full_sync_has_no_spare_capacity() {
+    let mut rng = Rng(7);
+    let st = random_state(&mut rng);
+    assert!(st.services.len() > 4, "a state with several Services");
+    let mut syncer = Syncer::new(FakeKernel::new());
+    syncer.sync(&st, &settings(), false).unwrap();
+    let base = syncer.baseline.as_ref().unwrap();
+    assert_eq!(base.spare_capacity(), 0);
 }
 
 #[test]

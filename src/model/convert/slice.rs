@@ -143,7 +143,9 @@ pub fn endpoint_slice_noting(
     )?;
     let service = ServiceName::new(name.namespace(), service_name);
 
-    let mut ports = Vec::new();
+    // Sized up front: a vector grown by `push` holds four ports (128 bytes for one port's 32),
+    // kept for as long as the model holds the slice.
+    let mut ports = Vec::with_capacity(s.ports().len());
     for (i, p) in s.ports().iter().enumerate() {
         // No port means "all ports" for a selector-less Service, which kube-proxy skips too;
         // a port of 0 is invalid like 65536 (the API server refuses both).
@@ -230,19 +232,21 @@ pub fn endpoint_slice_noting(
         endpoints.push(SliceEndpoint {
             addr,
             conditions,
-            locality: table.locality(
-                node_name.filter(|n| !n.is_empty()),
-                zone.filter(|z| !z.is_empty()),
-            ),
-            hints: Hints::new(
-                hints
-                    .and_then(|h| h.for_zones.as_ref())
-                    .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                    .unwrap_or_default(),
-                hints
-                    .and_then(|h| h.for_nodes.as_ref())
-                    .map(|n| n.iter().map(|n| n.name.clone()).collect())
-                    .unwrap_or_default(),
+            locality: Locality::with_hints(
+                table.locality(
+                    node_name.filter(|n| !n.is_empty()),
+                    zone.filter(|z| !z.is_empty()),
+                ),
+                Hints::new(
+                    hints
+                        .and_then(|h| h.for_zones.as_ref())
+                        .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                        .unwrap_or_default(),
+                    hints
+                        .and_then(|h| h.for_nodes.as_ref())
+                        .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                        .unwrap_or_default(),
+                ),
             ),
         });
     }

@@ -494,7 +494,6 @@ fn a_valid_slice_converts() {
                 terminating: false
             },
             locality: Locality::of(Some("node-a".into()), Some("zone-a".into())),
-            hints: None,
         }]
     );
 }
@@ -548,6 +547,15 @@ fn slice_port_name_defaults_to_empty_and_protocol_to_tcp() {
             port: 8080
         }]
     );
+}
+
+#[test]
+fn converted_port_vectors_hold_no_spare_capacity() {
+    // The model keeps them for the object's lifetime: one port must not hold room for four.
+    let s = slice_ok(json!({"ports": [{"port": 8080}]}));
+    assert_eq!((s.ports.len(), s.ports.capacity()), (1, 1));
+    let v = service(&svc(basic_service(json!({})))).unwrap().unwrap();
+    assert_eq!((v.ports.len(), v.ports.capacity()), (1, 1));
 }
 
 #[test]

@@ -61,7 +61,6 @@ fn slice(
                     terminating: false,
                 },
                 locality: Locality::of(node.map(Arc::from), None),
-                hints: None,
             })
             .collect(),
     }

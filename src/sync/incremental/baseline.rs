@@ -96,6 +96,8 @@ pub(super) struct Holders(Vec<ServiceName>);
 impl Holders {
     pub(super) fn insert(&mut self, name: &ServiceName) {
         if let Err(at) = self.0.binary_search(name) {
+            // Nearly every key has one holder: grown by `insert`, the vector would hold four.
+            self.0.reserve_exact(1);
             self.0.insert(at, name.clone());
         }
     }
@@ -255,6 +257,11 @@ impl Baseline {
                 },
             );
         }
+        // Kept until the next full sync: without the slack their growth by doubling left.
+        for held in held.values_mut() {
+            held.origins.shrink_to_fit();
+        }
+        index.shrink_to_fit();
         Some(Baseline {
             settings: settings.clone(),
             nodes: nodes.clone(),
@@ -521,5 +528,22 @@ impl Baseline {
 
     pub(in crate::sync) fn nodes_for_tests(&self) -> &BTreeMap<String, Node> {
         &self.nodes
+    }
+
+    /// Capacity beyond the length of the vectors kept per Service, per claim and in the
+    /// index: the syncer keeps them until the next full sync.
+    #[cfg(test)]
+    pub(in crate::sync) fn spare_capacity(&self) -> usize {
+        let origins: usize = self
+            .held
+            .values()
+            .map(|h| h.origins.capacity() - h.origins.len())
+            .sum();
+        let holders: usize = self
+            .claims
+            .values()
+            .map(|h| h.0.capacity() - h.0.len())
+            .sum();
+        origins + holders + self.index.spare_capacity()
     }
 }

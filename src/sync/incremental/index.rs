@@ -226,6 +226,21 @@ impl ElementIndex {
         self.keys = keys;
     }
 
+    /// Frees the capacity that growing by doubling left in the keys and runs.
+    pub(super) fn shrink_to_fit(&mut self) {
+        self.keys.shrink_to_fit();
+        for runs in self.runs.values_mut() {
+            runs.shrink_to_fit();
+        }
+    }
+
+    /// Capacity beyond the length of the keys and the runs (see `Baseline::spare_capacity`).
+    #[cfg(test)]
+    pub(in crate::sync) fn spare_capacity(&self) -> usize {
+        let runs: usize = self.runs.values().map(|r| r.capacity() - r.len()).sum();
+        self.keys.capacity() - self.keys.len() + runs
+    }
+
     /// Bytes held, for the tests that check compaction.
     #[cfg(test)]
     pub(in crate::sync) fn key_bytes(&self) -> usize {

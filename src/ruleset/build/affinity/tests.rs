@@ -88,7 +88,6 @@ fn state(endpoints: &[&str]) -> ClusterState {
                     terminating: false,
                 },
                 locality: Locality::of(Some("node-b".into()), None),
-                hints: None,
             }],
         };
         st.slices.insert(slice.name.clone(), slice);
