@@ -22,7 +22,8 @@
 //! `NP_ENDPOINTS` 10, `NP_IDLE_UPDATES` 100, `NP_PAIR_UPDATES` 30, `NP_CHURN_RATE` 100 per
 //! second, `NP_CHURN_SECONDS` 10, `NP_MIN_SYNC_PERIOD` 1s, `NP_SYNC_PERIOD` 30s, `NP_MONITOR` 1;
 //! 0 runs without the monitor, so without latencies, for sizes where its start-up takes
-//! minutes).
+//! minutes; `NP_BINARY` the nodeproxy to run, by default this build's: the shipped binary of
+//! `scripts/dist.sh` has another profile and is linked statically).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 // Percentiles and rates are float arithmetic rounded to counts and indexes.
@@ -74,6 +75,8 @@ fn run() {
     let churn_seconds: f64 = env_or("NP_CHURN_SECONDS", 10.0);
     let min_sync: String = env_or("NP_MIN_SYNC_PERIOD", "1s".to_owned());
     let sync_period: String = env_or("NP_SYNC_PERIOD", "30s".to_owned());
+    let binary: String = env_or("NP_BINARY", env!("CARGO_BIN_EXE_nodeproxy").to_owned());
+    println!("binary: {binary}");
     let min_sync_d = common::duration_arg(&min_sync);
 
     let lo = Command::new("ip")
@@ -102,7 +105,7 @@ fn run() {
     let log = dir.join("daemon.log");
     let started = Instant::now();
     let daemon = Killed(
-        Command::new(env!("CARGO_BIN_EXE_nodeproxy"))
+        Command::new(&binary)
             .arg("--kubeconfig")
             .arg(api.kubeconfig())
             .args([

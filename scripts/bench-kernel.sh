@@ -13,19 +13,25 @@
 #               after churn, VmHWM, and the lower + diff time of its two-slice syncs
 # then, per size, each of issue 11's targets beside what was measured, and a TSV of every figure
 # for scripts/plot-performance.py.
-# Usage (as root): scripts/bench-kernel.sh [--no-daemon] [--tsv FILE] [NxM ...]
+# Usage (as root): scripts/bench-kernel.sh [--no-daemon] [--binary FILE] [--tsv FILE] [NxM ...]
 #        (default sizes: 1000x10 10000x10 50000x5; TSV: target/bench-kernel.tsv)
+# --binary runs that nodeproxy (--once, --dry-run and the daemon) instead of this checkout's
+# release build: the shipped one, dist/nodeproxy-<version>-<target> from scripts/dist.sh, is
+# linked statically with whole-program LTO, and its pages of code are part of the daemon's
+# VmRSS (docs/performance.md, "The binary's pages").
 # Needs root (network namespaces), nft and GNU time; prints Markdown tables. It reports; it
 # never fails on a figure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 daemon=true
+binary=
 tsv=target/bench-kernel.tsv
 sizes=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-daemon) daemon=false ;;
         --tsv) tsv=$2; shift ;;
+        --binary) binary=$2; shift ;;
         *) sizes+=("$1") ;;
     esac
     shift
@@ -34,7 +40,11 @@ done
 command -v /usr/bin/time >/dev/null || { echo "install GNU time: apt-get install -y time" >&2; exit 1; }
 
 cargo build --release --quiet --bin nodeproxy --example gen_cluster
-bin=target/release/nodeproxy
+bin=${binary:-target/release/nodeproxy}
+[ -x "$bin" ] || { echo "no nodeproxy binary at $bin" >&2; exit 1; }
+bin=$(realpath "$bin")
+echo "nodeproxy: $bin ($("$bin" --version 2>/dev/null | head -n 1))"
+echo
 gen=target/release/examples/gen_cluster
 daemon_bench=
 if $daemon; then
@@ -133,7 +143,7 @@ for size in "${sizes[@]}"; do
     # The daemon at the same size (its own namespace, its own fake API server).
     d_rss=- d_hwm=- d_two=-
     if $daemon; then
-        NP_SERVICES=$n NP_ENDPOINTS=$m NP_MONITOR=0 NP_IDLE_UPDATES=20 NP_PAIR_UPDATES=30 NP_CHURN_SECONDS=10 \
+        NP_BINARY=$bin NP_SERVICES=$n NP_ENDPOINTS=$m NP_MONITOR=0 NP_IDLE_UPDATES=20 NP_PAIR_UPDATES=30 NP_CHURN_SECONDS=10 \
             "$daemon_bench" --bench >"$work/daemon.out" 2>&1 \
             || { cat "$work/daemon.out" >&2; echo "benches/daemon.rs failed at $size" >&2; exit 1; }
         result=$(sed -n 's/^RESULT //p' "$work/daemon.out")
