@@ -100,6 +100,49 @@ fn apply_read_diff_is_empty() {
     assert_eq!(k.transactions, before, "an empty plan sends nothing");
 }
 
+/// The elements of a new or recreated set are sent after the rules that look it up: binding a
+/// map that already holds elements walks them all in the kernel (`diff.rs`, the fresh table).
+#[test]
+fn elements_of_new_and_recreated_sets_follow_the_rules_that_bind_them() {
+    fn elements_after_rules(plan: &Plan<'_>) {
+        let last_rule = plan
+            .phase1
+            .iter()
+            .rposition(|o| matches!(o, Op::AddRule { .. }))
+            .expect("the plan adds rules");
+        let first_elements = plan
+            .phase1
+            .iter()
+            .position(|o| matches!(o, Op::AddElems { .. }))
+            .expect("the plan adds elements");
+        assert!(first_elements > last_rule, "{plan:?}");
+    }
+    let fresh = lower(&table(
+        vec![svc_elem(1, 80, "a"), svc_elem(2, 80, "b")],
+        true,
+    ))
+    .unwrap();
+    elements_after_rules(&diff(None, &fresh));
+
+    let mut resized = fresh.clone();
+    resized.sets.get_mut("service-ips").unwrap().size = Some(4);
+    let plan = diff(Some(&fresh), &resized);
+    assert!(
+        plan.phase1
+            .iter()
+            .any(|o| matches!(o, Op::DelSet { name } if *name == "service-ips")),
+        "a new size is a new set: {plan:?}"
+    );
+    elements_after_rules(&plan);
+    let mut k = FakeKernel::new();
+    k.apply(&diff(None, &fresh)).unwrap();
+    k.apply(&plan).unwrap();
+    assert_eq!(
+        k.read_table(IpFamily::V4, "nodeproxy").unwrap().unwrap(),
+        resized
+    );
+}
+
 #[test]
 fn one_changed_element_is_one_delete_and_one_add() {
     let mut k = FakeKernel::new();
