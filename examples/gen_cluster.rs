@@ -4,8 +4,9 @@
 //! Usage: `cargo run --release --example gen_cluster -- N M [--change-endpoint]
 //! [--add-service] > cluster.json`. `--change-endpoint` replaces the first endpoint of service 0;
 //! `--add-service` adds service N. Every fourth service also gets a NodePort, as long as the
-//! NodePort range lasts (the first 11072 services). No traffic is ever
-//! sent to these addresses: they only size the ruleset.
+//! NodePort range lasts (the first 11072 services). Services carry a uid and a creation time,
+//! as an API server's do (the model keeps both). No traffic is ever sent to these addresses:
+//! they only size the ruleset.
 //!
 //! Endpoints are spread over 1000 nodes: kubelet runs at most 110 pods per node by default, so
 //! 100k endpoints need at least 910 nodes. The proxy's own node (`node-a`) therefore hosts about
@@ -68,7 +69,8 @@ fn main() -> std::io::Result<()> {
         };
         writeln!(
             out,
-            ",{{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{{\"namespace\":\"ns{}\",\"name\":\"svc{s}\"}},\
+            ",{{\"apiVersion\":\"v1\",\"kind\":\"Service\",\"metadata\":{{\"namespace\":\"ns{}\",\"name\":\"svc{s}\",\
+             \"uid\":\"{s:08x}-5e4f-4c1a-9d2b-{s:012x}\",\"creationTimestamp\":\"2026-01-01T00:00:00Z\"}},\
              \"spec\":{{\"type\":\"{svc_type}\",\"clusterIP\":\"{cluster_ip}\",\"clusterIPs\":[\"{cluster_ip}\"],\
              \"ports\":[{{\"name\":\"http\",\"protocol\":\"TCP\",\"port\":80,\"targetPort\":8080{node_port}}}]}}}}",
             s % 100

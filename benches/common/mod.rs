@@ -25,8 +25,9 @@ pub fn duration_arg(text: &str) -> Duration {
     }
 }
 
-/// Service `s` of the generated cluster: ClusterIP 10.96.0.0 + 1 + s, port 80 → 8080; every
-/// fourth is a NodePort (while the NodePort range lasts).
+/// Service `s` of the generated cluster (as `examples/gen_cluster.rs` writes it): ClusterIP
+/// 10.96.0.0 + 1 + s, port 80 → 8080; every fourth is a NodePort (while the NodePort range
+/// lasts).
 pub fn service(s: usize) -> Value {
     let ip = Ipv4Addr::from(0x0A60_0000u32 + 1 + u32::try_from(s).unwrap()).to_string();
     let mut port = json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080});
@@ -37,8 +38,11 @@ pub fn service(s: usize) -> Value {
     } else {
         "ClusterIP"
     };
+    // A uid and a creation time, as the API server gives every object: the model keeps both.
     json!({"apiVersion": "v1", "kind": "Service",
-           "metadata": {"namespace": format!("ns{}", s % 100), "name": format!("svc{s}")},
+           "metadata": {"namespace": format!("ns{}", s % 100), "name": format!("svc{s}"),
+                        "uid": format!("{s:08x}-5e4f-4c1a-9d2b-{s:012x}"),
+                        "creationTimestamp": "2026-01-01T00:00:00Z"},
            "spec": {"type": kind, "clusterIP": ip, "clusterIPs": [ip], "ports": [port]}})
 }
 

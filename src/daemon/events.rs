@@ -196,8 +196,8 @@ impl EventSink {
             state
                 .services
                 .get(name)
-                .and_then(|s| s.uid.as_deref())
-                .map(str::to_owned)
+                .and_then(|s| s.uid.as_ref())
+                .map(ToString::to_string)
         };
         for (name, why) in &outcome.newly_quarantined {
             self.send(Notice::rejected(

@@ -25,7 +25,7 @@ use k8s_openapi::api::discovery::v1 as discovery;
 
 use super::{
     Conditions, EndpointSlice, Hints, IpFamily, Locality, NameTable, Node, Protocol, Rejected,
-    Service, ServiceName, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy,
+    Service, ServiceName, ServicePort, SliceEndpoint, SlicePort, TrafficPolicy, Uid,
 };
 
 /// Objects with this label belong to another proxy.
@@ -341,7 +341,7 @@ pub fn service_noting(
             .uid
             .as_deref()
             .filter(|uid| check_text(&ctx, "metadata.uid", uid).is_ok())
-            .map(Box::from),
+            .map(Uid::new),
     }))
 }
 

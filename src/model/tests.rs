@@ -213,3 +213,39 @@ fn a_name_table_gives_one_locality_per_pair_and_forgets_what_nobody_holds() {
         &names.locality(Some("node-a"), Some("zone-1")).unwrap()
     ));
 }
+
+#[test]
+fn a_uid_prints_back_exactly_as_it_was_read() {
+    let canonical = "6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5f";
+    let uid = Uid::new(canonical);
+    assert_eq!(
+        uid,
+        Uid::Uuid([
+            0x6f, 0x1c, 0x2f, 0x1e, 0x1d, 0x2b, 0x4c, 0x5a, 0x9e, 0x0f, 0x0a, 0x1b, 0x2c, 0x3d,
+            0x4e, 0x5f
+        ])
+    );
+    assert_eq!(uid.to_string(), canonical);
+    assert_eq!(
+        Uid::new("00000000-0000-0000-0000-000000000000").to_string(),
+        "00000000-0000-0000-0000-000000000000"
+    );
+    // Anything that would not print back the same is kept as text: upper case, braces, a
+    // dash out of place, a non-hex digit, one character too many or too few, other uids.
+    for other in [
+        "6F1C2F1E-1D2B-4C5A-9E0F-0A1B2C3D4E5F",
+        "{6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5}",
+        "6f1c2f1e1-d2b-4c5a-9e0f-0a1b2c3d4e5f",
+        "6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5g",
+        "6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5f0",
+        "6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5",
+        "6f1c2f1e-1d2b-4c5a-9e0f+0a1b2c3d4e5f",
+        "uid-1",
+        "",
+        "6f1c2f1é-1d2b-4c5a-9e0f-0a1b2c3d4e5",
+    ] {
+        let uid = Uid::new(other);
+        assert_eq!(uid, Uid::Text(other.into()), "{other}");
+        assert_eq!(uid.to_string(), other);
+    }
+}

@@ -157,9 +157,10 @@ fn the_uid_is_kept_for_events_and_one_with_a_control_character_is_dropped() {
     raw["metadata"]["uid"] = json!("6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5f");
     let s = service(&svc(raw.clone())).unwrap().unwrap();
     assert_eq!(
-        s.uid.as_deref(),
+        s.uid.as_ref().map(ToString::to_string).as_deref(),
         Some("6f1c2f1e-1d2b-4c5a-9e0f-0a1b2c3d4e5f")
     );
+    assert!(matches!(s.uid, Some(Uid::Uuid(_))), "held as its bytes");
     raw["metadata"]["uid"] = json!("bad\nuid");
     let s = service(&svc(raw)).unwrap().unwrap();
     assert_eq!(s.uid, None, "the Service is kept, without the uid");
