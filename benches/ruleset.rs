@@ -105,7 +105,8 @@ fn cluster(services: u32, endpoints: u32, changed_endpoint: bool) -> ClusterStat
                 name: "http".into(),
                 protocol: Protocol::Tcp,
                 port: 8080,
-            }],
+            }]
+            .into(),
             endpoints: eps,
         };
         state.slices.insert(slice.name.clone(), slice);

@@ -545,7 +545,8 @@ fn add_bulk(
                 name: "http".into(),
                 protocol: Protocol::Tcp,
                 port: 8080,
-            }],
+            }]
+            .into(),
             endpoints: vec![SliceEndpoint {
                 addr: std::net::Ipv4Addr::from(0x0ac9_0000 + i).into(),
                 conditions: Conditions {
@@ -554,7 +555,8 @@ fn add_bulk(
                     terminating: false,
                 },
                 locality: Locality::of(Some("node-b".into()), None),
-            }],
+            }]
+            .into(),
         };
         st.slices.insert(slice.name.clone(), slice);
         st.services.insert(svc_name.clone(), svc);

@@ -380,8 +380,9 @@ fn state(services: Vec<Service>, eps: Vec<(&str, Protocol, Vec<SliceEndpoint>)>)
                 name: String::new(),
                 protocol,
                 port: 5353,
-            }],
-            endpoints,
+            }]
+            .into(),
+            endpoints: endpoints.into(),
         };
         st.slices.insert(slice.name.clone(), slice);
     }
@@ -395,7 +396,8 @@ fn udp_services_carry_every_address_and_serving_endpoints_only() {
     dns.external_ips = vec![
         "203.0.113.1".parse().unwrap(),
         "2001:db8::1".parse().unwrap(),
-    ];
+    ]
+    .into();
     let st = state(
         vec![dns, svc("web", "10.96.0.20", Protocol::Tcp)],
         vec![(
@@ -611,9 +613,9 @@ fn random_service(rng: &mut Rng, n: usize) -> Service {
             .map(|_| rng.pick(&external).parse().unwrap())
             .collect(),
         load_balancer_ips: if rng.chance(20) {
-            vec![rng.pick(&external).parse().unwrap()]
+            vec![rng.pick(&external).parse().unwrap()].into()
         } else {
-            vec![]
+            crate::model::Rare::default()
         },
         external_traffic_policy: random_policy(rng),
         internal_traffic_policy: random_policy(rng),

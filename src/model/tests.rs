@@ -12,7 +12,8 @@ fn endpoints_prefer_non_terminating_duplicate() {
             name: "http".into(),
             protocol: Protocol::Tcp,
             port: 8080,
-        }],
+        }]
+        .into(),
         endpoints: vec![SliceEndpoint {
             addr: "192.0.2.10".parse().unwrap(),
             conditions: Conditions {
@@ -21,7 +22,8 @@ fn endpoints_prefer_non_terminating_duplicate() {
                 terminating,
             },
             locality: None,
-        }],
+        }]
+        .into(),
     };
     let mut state = ClusterState::default();
     for (name, term) in [("a-1", false), ("a-2", true)] {
@@ -66,8 +68,8 @@ fn a_subset_holds_the_services_and_every_slice_of_theirs_whatever_the_slices_are
             name: name(ns, slice),
             service: name(ns, svc),
             family: IpFamily::V4,
-            ports: vec![],
-            endpoints: vec![],
+            ports: vec![].into(),
+            endpoints: vec![].into(),
         };
         state.slices.insert(s.name.clone(), s);
     }
@@ -248,4 +250,44 @@ fn a_uid_prints_back_exactly_as_it_was_read() {
         assert_eq!(uid, Uid::Text(other.into()), "{other}");
         assert_eq!(uid.to_string(), other);
     }
+}
+
+/// The bytes of a B-tree leaf of eleven `(ServiceName, V)` entries, as the model's maps hold
+/// them: parent pointer, index and length (12 bytes, padded to 16), then the keys and values.
+fn leaf_of_eleven<V>() -> usize {
+    16 + 11 * (std::mem::size_of::<ServiceName>() + std::mem::size_of::<V>())
+}
+
+/// A leaf of Services must stay within jemalloc's 2,048-byte class (it was in the 2,560-byte
+/// one before the rarely used lists became [`Rare`]), a leaf of EndpointSlices within the
+/// 1,280-byte one (1,536 before their ports and endpoints became boxed slices, two words each
+/// instead of three). Only on 64-bit targets, which is what ships.
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn leaves_of_services_and_slices_stay_in_their_size_classes() {
+    assert!(
+        leaf_of_eleven::<Service>() <= 2048,
+        "{}",
+        leaf_of_eleven::<Service>()
+    );
+    assert!(
+        leaf_of_eleven::<EndpointSlice>() <= 1280,
+        "{}",
+        leaf_of_eleven::<EndpointSlice>()
+    );
+    assert_eq!(std::mem::size_of::<Rare<std::net::IpAddr>>(), 8);
+}
+
+#[test]
+fn a_rare_list_reads_as_the_slice_it_was_built_from() {
+    let empty: Rare<u32> = Vec::new().into();
+    assert!(empty.is_empty());
+    assert_eq!(empty, Rare::default());
+    let some: Rare<u32> = vec![3, 1].into();
+    assert_eq!(&some[..], &[3, 1]);
+    assert_eq!(some, vec![3, 1]);
+    assert_ne!(some, empty);
+    assert_eq!((&some).into_iter().sum::<u32>(), 4);
+    assert_eq!(format!("{some:?}"), "[3, 1]");
+    assert_eq!([7u32].into_iter().collect::<Rare<u32>>(), vec![7]);
 }

@@ -35,7 +35,8 @@ pub(crate) fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint:
             name: "http".into(),
             protocol: Protocol::Tcp,
             port: 8080,
-        }],
+        }]
+        .into(),
         endpoints: vec![SliceEndpoint {
             addr: endpoint.parse().unwrap(),
             conditions: Conditions {
@@ -44,7 +45,8 @@ pub(crate) fn add_service(state: &mut ClusterState, n: &str, ip: &str, endpoint:
                 terminating: false,
             },
             locality: Locality::of(Some("node-b".into()), None),
-        }],
+        }]
+        .into(),
     };
     state.slices.insert(slice.name.clone(), slice);
     state.services.insert(svc.name.clone(), svc);
@@ -602,9 +604,9 @@ fn random_service(rng: &mut Rng, i: usize) -> Service {
     Service {
         cluster_ips,
         ports,
-        external_ips,
-        load_balancer_ips,
-        load_balancer_source_ranges,
+        external_ips: external_ips.into(),
+        load_balancer_ips: load_balancer_ips.into(),
+        load_balancer_source_ranges: load_balancer_source_ranges.into(),
         external_traffic_policy,
         internal_traffic_policy,
         health_check_node_port: (external_traffic_policy == TrafficPolicy::Local && has_node_port)
@@ -612,6 +614,13 @@ fn random_service(rng: &mut Rng, i: usize) -> Service {
         session_affinity_timeout: rng.chance(1, 4).then(|| *rng.pick(&[10800u32, 60])),
         ..Service::new(slot_name(i))
     }
+}
+
+/// Appends `endpoint` to the slice's endpoints (a boxed slice in the model).
+fn push_endpoint(slice: &mut EndpointSlice, endpoint: SliceEndpoint) {
+    let mut endpoints = std::mem::take(&mut slice.endpoints).into_vec();
+    endpoints.push(endpoint);
+    slice.endpoints = endpoints.into();
 }
 
 fn random_endpoint(rng: &mut Rng, i: usize, family: IpFamily) -> SliceEndpoint {
@@ -690,7 +699,7 @@ fn random_slice(rng: &mut Rng, i: usize, k: usize, service: Option<&Service>) ->
         name: name(svc.namespace(), &format!("{}-{k}", svc.name())),
         service: svc,
         family,
-        ports,
+        ports: ports.into(),
         endpoints: (0..count)
             .map(|_| random_endpoint(rng, i, family))
             .collect(),
@@ -721,10 +730,12 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                 Some(slice) if rng.chance(3, 4) => {
                     let family = slice.family;
                     match rng.below(4) {
-                        0 => slice.endpoints.push(random_endpoint(rng, i, family)),
+                        0 => push_endpoint(slice, random_endpoint(rng, i, family)),
                         1 if !slice.endpoints.is_empty() => {
                             let e = rng.below(slice.endpoints.len());
-                            slice.endpoints.remove(e);
+                            let mut endpoints = std::mem::take(&mut slice.endpoints).into_vec();
+                            endpoints.remove(e);
+                            slice.endpoints = endpoints.into();
                         }
                         _ if !slice.endpoints.is_empty() => {
                             let e = rng.below(slice.endpoints.len());
@@ -756,7 +767,7 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                                 }
                             }
                         }
-                        _ => slice.endpoints.push(random_endpoint(rng, i, family)),
+                        _ => push_endpoint(slice, random_endpoint(rng, i, family)),
                     }
                 }
                 _ => reslice(rng, st, i),
@@ -1156,13 +1167,13 @@ fn a_changed_service_taking_an_address_from_an_unchanged_one_takes_the_full_path
     let mut st = state();
     add_service(&mut st, "young", "203.0.113.30", "198.51.100.30");
     let young = st.services.get_mut(&name("ns", "young")).unwrap();
-    young.external_ips = vec!["198.51.100.200".parse().unwrap()];
+    young.external_ips = vec!["198.51.100.200".parse().unwrap()].into();
     young.created = Some(2_000);
     let mut syncer = Syncer::new(FakeKernel::new());
     syncer.sync(&st, &settings(), false).unwrap();
     add_service(&mut st, "older", "203.0.113.31", "198.51.100.31");
     let older = st.services.get_mut(&name("ns", "older")).unwrap();
-    older.external_ips = vec!["198.51.100.200".parse().unwrap()];
+    older.external_ips = vec!["198.51.100.200".parse().unwrap()].into();
     older.created = Some(1_000);
     let reason =
         needs_full(syncer.sync_changed(&st.subset(&one("older")), &one("older"), &settings()));
@@ -1219,7 +1230,7 @@ fn an_external_ip_on_another_services_cluster_ip_keeps_both_on_the_full_path() {
     st.services
         .get_mut(&name("ns", "thief"))
         .unwrap()
-        .external_ips = vec!["203.0.113.10".parse().unwrap()];
+        .external_ips = vec!["203.0.113.10".parse().unwrap()].into();
     let mut syncer = Syncer::new(FakeKernel::new());
     syncer.sync(&st, &settings(), false).unwrap();
     for n in ["good", "thief"] {

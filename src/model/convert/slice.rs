@@ -255,7 +255,7 @@ pub fn endpoint_slice_noting(
         name,
         service,
         family,
-        ports,
-        endpoints,
+        ports: ports.into_boxed_slice(),
+        endpoints: endpoints.into_boxed_slice(),
     }))
 }

@@ -79,7 +79,8 @@ fn state(endpoints: &[&str]) -> ClusterState {
                 name: "http".into(),
                 protocol: Protocol::Tcp,
                 port: ep.port(),
-            }],
+            }]
+            .into(),
             endpoints: vec![SliceEndpoint {
                 addr: ep.ip(),
                 conditions: Conditions {
@@ -88,7 +89,8 @@ fn state(endpoints: &[&str]) -> ClusterState {
                     terminating: false,
                 },
                 locality: Locality::of(Some("node-b".into()), None),
-            }],
+            }]
+            .into(),
         };
         st.slices.insert(slice.name.clone(), slice);
     }
@@ -418,7 +420,7 @@ fn local_state(endpoints: &[&str], remote: &str) -> ClusterState {
     let mut st = state(&all);
     for svc in st.services.values_mut() {
         svc.external_traffic_policy = TrafficPolicy::Local;
-        svc.load_balancer_ips = vec![ip(LB)];
+        svc.load_balancer_ips = vec![ip(LB)].into();
         svc.health_check_node_port = Some(30999);
     }
     for slice in st.slices.values_mut() {
