@@ -254,6 +254,7 @@ fn a_uid_prints_back_exactly_as_it_was_read() {
 
 /// The bytes of a B-tree leaf of eleven `(ServiceName, V)` entries, as the model's maps hold
 /// them: parent pointer, index and length (12 bytes, padded to 16), then the keys and values.
+#[cfg(target_pointer_width = "64")]
 fn leaf_of_eleven<V>() -> usize {
     16 + 11 * (std::mem::size_of::<ServiceName>() + std::mem::size_of::<V>())
 }
