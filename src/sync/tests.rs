@@ -616,10 +616,10 @@ fn random_service(rng: &mut Rng, i: usize) -> Service {
     }
 }
 
-/// Appends `endpoint` to the slice's endpoints (a boxed slice in the model).
-fn push_endpoint(slice: &mut EndpointSlice, endpoint: SliceEndpoint) {
+/// Changes the slice's endpoints (a boxed slice in the model) as a vector.
+fn edit_endpoints(slice: &mut EndpointSlice, edit: impl FnOnce(&mut Vec<SliceEndpoint>)) {
     let mut endpoints = std::mem::take(&mut slice.endpoints).into_vec();
-    endpoints.push(endpoint);
+    edit(&mut endpoints);
     slice.endpoints = endpoints.into();
 }
 
@@ -730,12 +730,12 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                 Some(slice) if rng.chance(3, 4) => {
                     let family = slice.family;
                     match rng.below(4) {
-                        0 => push_endpoint(slice, random_endpoint(rng, i, family)),
+                        0 => edit_endpoints(slice, |e| e.push(random_endpoint(rng, i, family))),
                         1 if !slice.endpoints.is_empty() => {
                             let e = rng.below(slice.endpoints.len());
-                            let mut endpoints = std::mem::take(&mut slice.endpoints).into_vec();
-                            endpoints.remove(e);
-                            slice.endpoints = endpoints.into();
+                            edit_endpoints(slice, |endpoints| {
+                                endpoints.remove(e);
+                            });
                         }
                         _ if !slice.endpoints.is_empty() => {
                             let e = rng.below(slice.endpoints.len());
@@ -767,7 +767,7 @@ fn mutate(rng: &mut Rng, st: &mut ClusterState) -> BTreeSet<ServiceName> {
                                 }
                             }
                         }
-                        _ => push_endpoint(slice, random_endpoint(rng, i, family)),
+                        _ => edit_endpoints(slice, |e| e.push(random_endpoint(rng, i, family))),
                     }
                 }
                 _ => reslice(rng, st, i),
